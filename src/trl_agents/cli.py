@@ -1,0 +1,153 @@
+"""`trl-agents` command line: train | eval | envs | methods.
+
+    trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
+    trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
+    trl-agents eval --model_name_or_path outputs/quickstart --env_name frozenlake --num_eval_tasks 1000
+    trl-agents envs                                    # registered environments and their capabilities
+    trl-agents methods                                 # registered methods and their papers
+
+`train` parses like TRL's scripts (`TrlParser`): `--config FILE` (YAML, flat keys; an `env:` mapping there sets
+environment variables) gives the defaults, `--key value` overrides them. Keys belong to `RunArguments`
+(trl_agents.run), the method's config (e.g. `GiGPOConfig`, which includes every `GRPOConfig` field) or TRL's
+`ModelConfig` (model_name_or_path, use_peft, lora_r, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+QUICKSTART = "quickstart.yaml"
+
+
+def packaged_config(name: str) -> str:
+    """Path of a YAML config shipped with the package (the repository's `configs/` folder)."""
+    path = resources.files("trl_agents").joinpath("configs", name)
+    if not path.is_file():
+        raise FileNotFoundError(f"no packaged config named {name!r}")
+    return str(path)
+
+
+def _method_of(argv: list[str]) -> str:
+    """The `method` chosen on the command line or in the YAML file (it decides which config class parses)."""
+    import yaml
+
+    method = None
+    if "--config" in argv:
+        with open(argv[argv.index("--config") + 1]) as handle:
+            method = (yaml.safe_load(handle) or {}).get("method")
+    if "--method" in argv:
+        method = argv[argv.index("--method") + 1]
+    return method or "grpo"
+
+
+def train(argv: list[str]) -> dict[str, Any]:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl import ModelConfig, TrlParser
+
+    from .run import RunArguments, run_training
+    from .trainers import get_method
+
+    if "--config" not in argv:
+        argv = ["--config", packaged_config(QUICKSTART), *argv]
+    position = argv.index("--config") + 1
+    config_path = argv[position] if position < len(argv) else None
+    if config_path is None or not os.path.isfile(config_path):
+        raise SystemExit(f"trl-agents train: config file not found: {config_path}")
+    method = get_method(_method_of(argv))
+    parser = TrlParser((RunArguments, method.config_class, ModelConfig), prog="trl-agents train")
+    parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator); YAML/CLI still win
+    run_args, config, model_args = parser.parse_args_and_config(argv)
+    return run_training(run_args, config, model_args)
+
+
+@dataclass
+class EvalArguments:
+    """Arguments of `trl-agents eval`."""
+
+    model_name_or_path: str = field(metadata={"help": "Checkpoint directory or Hub model id."})
+    env_name: str = field(metadata={"help": "Environment to evaluate on."})
+    env_kwargs: str | None = field(default=None, metadata={"help": "Environment constructor arguments (JSON)."})
+    split: str = field(default="eval", metadata={"help": "Task split."})
+    num_eval_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (None = the whole split)."})
+    max_turns: int = field(default=10, metadata={"help": "Turn budget of an episode."})
+    history_length: int = field(default=2, metadata={"help": "History window of the prompts (as in training)."})
+    system_prompt: str | None = field(default=None, metadata={"help": "System message (as in training)."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Token budget of a turn."})
+    greedy: bool = field(default=True, metadata={"help": "Greedy decoding (False: sample at `temperature`)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
+    num_samples: int = field(default=1, metadata={"help": "Episodes per task when sampling (reports pass@k)."})
+    output_file: str | None = field(default=None, metadata={"help": "Write the results here as JSON."})
+
+
+def evaluate(argv: list[str]) -> dict[str, Any]:
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+    from .evaluation import evaluate_policy
+
+    (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    result = evaluate_policy(
+        model,
+        tokenizer,
+        args.env_name,
+        split=args.split,
+        num_tasks=args.num_eval_tasks,
+        env_kwargs=json.loads(args.env_kwargs) if args.env_kwargs else None,
+        max_turns=args.max_turns,
+        history_length=args.history_length,
+        system_prompt=args.system_prompt,
+        max_new_tokens=args.max_new_tokens,
+        greedy=args.greedy,
+        temperature=args.temperature,
+        num_samples=args.num_samples,
+    )
+    print(json.dumps(result, indent=2))
+    if args.output_file:
+        with open(args.output_file, "w") as handle:
+            json.dump(result, handle, indent=2)
+    return result
+
+
+def list_envs() -> None:
+    from .envs import list_envs as registered
+
+    for name, cls in registered().items():
+        capabilities = ", ".join(sorted(cls.capabilities())) or "-"
+        print(f"{name:<14} {cls.__module__}.{cls.__name__:<16} capabilities: {capabilities}")
+
+
+def list_methods() -> None:
+    from .trainers import METHODS
+
+    for name, method in METHODS.items():
+        defaults = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items())
+        print(f"{name:<10} {method.trainer_class.__name__:<18} {method.paper:<18} {defaults}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": train, "eval": evaluate, "envs": list_envs, "methods": list_methods}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        parser = argparse.ArgumentParser(prog="trl-agents", description=__doc__.split("\n\n")[0])
+        parser.add_argument("command", choices=sorted(commands), help="what to do; `trl-agents COMMAND --help`")
+        if not argv:
+            parser.print_help()
+            raise SystemExit(2)
+        parser.parse_args(argv[:1])
+    command, rest = argv[0], argv[1:]
+    if command in ("envs", "methods"):
+        commands[command]()
+    else:
+        commands[command](rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The environment contract every trl-agents environment implements.
+
+An `AgentEnv` is a text environment for one episode at a time: `reset(task)` returns the first observation,
+`step(action_text)` parses the model's raw output, applies it, and returns `(observation, reward, done, info)`.
+Parsing lives in the environment because only it knows its action syntax; an action it cannot parse or apply is
+reported with `info["valid"] = False`, a clear observation saying what was expected, and an unchanged state.
+
+Optional capabilities are methods a subclass overrides; `capabilities()` lists those it does, so topologies and
+methods can check them up front (e.g. tree rollouts need `snapshot`, CAST needs `solver_value`):
+
+| capability           | what it is for                                                             |
+|----------------------|----------------------------------------------------------------------------|
+| `snapshot`/`restore` | branching and tree rollouts (copy the state, continue from it later)       |
+| `state_key`          | canonical state for anchor-state grouping (GiGPO and its relatives)        |
+| `solver_value`       | exact cost-to-go of the current state (solver-based credit, CAST)          |
+| `optimal_plan`       | a shortest action sequence from the current state (solver demonstrations)  |
+| `verify`             | verifier atoms with witness steps and dependency edges (VICT)              |
+| `privileged_context` | text only a teacher sees: hints, skills, the solution (self-distillation)  |
+| `roles`              | two or more agents acting in turn (multi-agent co-training)                |
+
+Example:
+    >>> from trl_agents.envs import make_env
+    >>> env = make_env("frozenlake", size=4)
+    >>> obs = env.reset({"seed": 0})
+    >>> sorted(env.capabilities())
+    ['optimal_plan', 'restore', 'snapshot', 'solver_value', 'state_key']
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+# Keys with a fixed meaning in the `info` dict returned by `step()`.
+INFO_VALID = "valid"  # bool: the action was parsed and applied (default True)
+INFO_SUCCESS = "success"  # bool: the task is solved (read at the last step of an episode)
+
+
+@dataclass
+class VerifierAtom:
+    """One checkable fact of a task's success condition, as returned by `AgentEnv.verify()`.
+
+    Args:
+        name: Identifier of the atom (e.g. `"box_on_target:2"`, `"object_heated"`).
+        status: `"sat"`, `"unsat"` or `"unknown"`.
+        witness_step: Index of the step that produced or revealed the fact, or None when there is none.
+        depends_on: Names of atoms that must hold before this one can (edges of the dependency DAG).
+    """
+
+    name: str
+    status: str
+    witness_step: int | None = None
+    depends_on: list[str] = field(default_factory=list)
+
+
+class AgentEnv(abc.ABC):
+    """Base class of every environment. Subclasses set `name` and `instructions` and implement `reset`/`step`.
+
+    Class attributes:
+        name: Registry name (`make_env(name)`).
+        instructions: The rules and action format, shown to the policy as the system message.
+        roles: Names of the agents that act in turn; empty for single-agent environments.
+        task_keys: A task row must hold at least one of these keys (e.g. `("seed", "layout")`); checked when a
+            trainer receives its dataset, so a row without a task fails with a clear message up front.
+    """
+
+    name: ClassVar[str] = ""
+    instructions: ClassVar[str] = ""
+    roles: ClassVar[tuple[str, ...]] = ()
+    task_keys: ClassVar[tuple[str, ...]] = ()
+
+    _CAPABILITY_METHODS: ClassVar[tuple[str, ...]] = (
+        "snapshot",
+        "restore",
+        "state_key",
+        "solver_value",
+        "optimal_plan",
+        "verify",
+        "privileged_context",
+    )
+
+    @abc.abstractmethod
+    def reset(self, task: dict[str, Any]) -> str:
+        """Start the episode described by `task` (a dataset row) and return the first observation."""
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply the model's raw output; return `(observation, reward, done, info)`.
+
+        `info` carries at least `valid` (bool) and, once the episode ends, `success` (bool).
+        """
+
+    def task_description(self) -> str:
+        """The goal of the current task, repeated in every prompt (empty when the observation says it all)."""
+        return ""
+
+    def admissible_actions(self) -> list[str] | None:
+        """The actions valid in the current state, when the environment can enumerate them."""
+        return None
+
+    def close(self) -> None:
+        """Release external resources (processes, servers). Called once the environment is no longer needed."""
+
+    # ---- optional capabilities: override to declare -------------------------------------------------------------
+
+    def snapshot(self) -> Any:
+        """Return an opaque copy of the current state that `restore` can return to."""
+        raise NotImplementedError(f"{type(self).__name__} does not support snapshots")
+
+    def restore(self, snapshot: Any) -> None:
+        """Return to a state captured by `snapshot()`."""
+        raise NotImplementedError(f"{type(self).__name__} does not support snapshots")
+
+    def state_key(self) -> Hashable:
+        """A canonical, hashable key of the current state (equal keys = same state)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define state keys")
+
+    def solver_value(self) -> float:
+        """Exact cost-to-go of the current state: the number of actions an optimal solver still needs
+        (0 when solved, `math.inf` when the task can no longer be solved)."""
+        raise NotImplementedError(f"{type(self).__name__} has no solver")
+
+    def optimal_plan(self) -> list[str] | None:
+        """A shortest list of actions (as text the env parses) from the current state to success; None when the
+        task can no longer be solved."""
+        raise NotImplementedError(f"{type(self).__name__} has no solver")
+
+    def verify(self) -> list[VerifierAtom]:
+        """Check the episode so far: the atoms of the success condition, with witness steps and dependencies."""
+        raise NotImplementedError(f"{type(self).__name__} has no instrumented verifier")
+
+    def privileged_context(self) -> str:
+        """Text that only a teacher may see (hints, skills, the solution) for self-distillation methods."""
+        raise NotImplementedError(f"{type(self).__name__} has no privileged context")
+
+    # ---- capability discovery and task splits --------------------------------------------------------------------
+
+    @classmethod
+    def capabilities(cls) -> frozenset[str]:
+        """The optional capabilities this class implements (methods overridden from `AgentEnv`, plus `roles`)."""
+        found = {m for m in cls._CAPABILITY_METHODS if getattr(cls, m) is not getattr(AgentEnv, m)}
+        if cls.roles:
+            found.add("roles")
+        return frozenset(found)
+
+    def supports(self, capability: str) -> bool:
+        return capability in self.capabilities()
+
+    @classmethod
+    def task_split(cls, split: str, count: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
+        """Task rows of a named split (e.g. `"train"`, `"eval"`), at most `count` of them.
+
+        Every row carries `env` (this env's registry name), so a dataset built from it is ready for the trainer.
+        Subclasses with seeded tasks implement it; the default says the env has no built-in splits.
+        """
+        raise NotImplementedError(f"environment {cls.name!r} has no built-in task splits")

@@ -1,0 +1,160 @@
+"""Generators: token ids in, token ids + sampling log-probs out.
+
+The rollout engine talks to a model only through the `Generator` protocol, one call per turn for all active
+episodes. `TransformersGenerator` runs `model.generate` (CPU or GPU); a vLLM server implementation plugs in by
+implementing the same `generate` method.
+
+Log-probs are those of the sampled tokens under the temperature-scaled logits, `log_softmax(logits / T)`, which is
+what TRL's `_get_per_token_logps_and_entropies` computes at training time, so the two are directly comparable.
+
+Example:
+    >>> from trl_agents.testing import build_tiny_tokenizer, build_tiny_model
+    >>> from trl_agents.rollout.generators import SamplingParams, TransformersGenerator
+    >>> tokenizer = build_tiny_tokenizer()
+    >>> generator = TransformersGenerator(build_tiny_model(tokenizer), tokenizer)
+    >>> out = generator.generate([[1, 5, 6], [1, 7]], SamplingParams(max_new_tokens=4))
+    >>> len(out.completion_ids), len(out.completion_ids[0]) == len(out.logprobs[0])
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one turn.
+
+    Args:
+        max_new_tokens: Token budget of one turn (TRL's `max_completion_length`).
+        temperature: Softmax temperature (ignored when `greedy`).
+        top_p: Nucleus sampling mass (1.0 = off).
+        top_k: Keep the k most likely tokens (0 = off).
+        greedy: Take the arg-max token (evaluation).
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclass
+class GenerationOutput:
+    """One completion per prompt: its token ids (ending with an EOS id unless the budget ran out) and their
+    sampling log-probs (same lengths)."""
+
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that turns a batch of prompts (token ids) into one sampled completion per prompt."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput: ...
+
+
+class TransformersGenerator:
+    """`Generator` on a transformers causal LM (`model.generate`), left-padding prompts into sub-batches.
+
+    Args:
+        model: The causal LM, or None when `model_context` provides it.
+        tokenizer: Gives the pad token id and the EOS id.
+        eos_token_ids: Ids that end a turn; defaults to the tokenizer's EOS plus the model's generation-config EOS ids.
+        batch_size: Most prompts per `model.generate` call (None = all at once).
+        model_context: A callable returning a context manager that yields the model to generate with; the trainer
+            passes TRL's `unwrap_model_for_generation` here so DeepSpeed/FSDP/PEFT models generate correctly.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] | None = None,
+        batch_size: int | None = None,
+        model_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
+        if model is None and model_context is None:
+            raise ValueError("TransformersGenerator needs a `model` or a `model_context`")
+        if tokenizer is None:
+            raise ValueError("TransformersGenerator needs the `tokenizer` (for the pad and EOS token ids)")
+        self.model = model
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if eos_token_ids is None:
+            eos_token_ids = [tokenizer.eos_token_id]
+            config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            for token_id in [config_eos] if isinstance(config_eos, int) else config_eos or []:
+                if token_id not in eos_token_ids:
+                    eos_token_ids.append(token_id)
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.batch_size = batch_size
+        self.model_context = model_context or (lambda: contextlib.nullcontext(self.model))
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+        import torch
+
+        if not prompts:
+            return GenerationOutput([], [])
+        step = self.batch_size or len(prompts)
+        completion_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        with self.model_context() as model, torch.no_grad():
+            was_training = model.training
+            model.eval()  # no dropout while sampling
+            try:
+                for start in range(0, len(prompts), step):
+                    ids, lps = self._generate_batch(model, prompts[start : start + step], sampling)
+                    completion_ids.extend(ids)
+                    logprobs.extend(lps)
+            finally:
+                model.train(was_training)
+        return GenerationOutput(completion_ids, logprobs)
+
+    def _generate_batch(self, model, prompts, sampling: SamplingParams):
+        import torch
+        from transformers import GenerationConfig
+
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None if sampling.greedy else sampling.top_k,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+        )
+        new_tokens = out.sequences[:, width:]
+        # Raw logits, so the log-probs are log_softmax(logits / T) whatever top-k/top-p filtering did (as in TRL).
+        logits = torch.stack(out.logits, dim=1).float()
+        if not sampling.greedy and sampling.temperature != 1.0:
+            logits = logits / sampling.temperature
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        eos = set(self.eos_token_ids)
+        completion_ids, logprobs = [], []
+        for tokens, lps in zip(new_tokens.tolist(), token_logprobs.tolist(), strict=True):
+            end = len(tokens)
+            for position, token in enumerate(tokens):
+                if token in eos:
+                    end = position + 1  # keep the EOS: the policy learns to end its turn
+                    break
+            completion_ids.append(tokens[:end])
+            logprobs.append(lps[:end])
+        return completion_ids, logprobs

@@ -1,0 +1,151 @@
+"""Turning environment text into the token ids the policy sees, in both row formats.
+
+* Step format (verl-agent style, the default): every turn is a fresh two-message chat, the environment's rules as
+  the system message and, as the user message, the task, the last `history_length` (observation, action) pairs and
+  the current observation. The prompt length stays flat however long the episode is.
+* Conversation format: one growing chat per episode (system, user obs 0, assistant action 0, user obs 1, ...). Each
+  turn's context is the previous context + the action tokens + the environment's reply tokens, built by appending
+  token ids (never re-tokenising what the model generated), so the tokens trained on are exactly those sampled.
+
+Example:
+    >>> from trl_agents.testing import build_tiny_tokenizer
+    >>> from trl_agents.rollout.prompts import PromptRenderer
+    >>> renderer = PromptRenderer(build_tiny_tokenizer(), history_length=1)
+    >>> text = renderer.step_text("Reach G.", "", [("P F\\nF G", "right")], "S P\\nF G")
+    >>> print(text.split("<|im_start|>user\\n")[1].split("<|im_end|>")[0])
+    Recent history:
+    Observation:
+    P F
+    F G
+    Action: right
+    Current observation:
+    S P
+    F G
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class PromptTooLongError(ValueError):
+    """A prompt does not fit in `max_prompt_length` even with no history."""
+
+
+class PromptRenderer:
+    """Renders chat prompts for an episode's turns and tokenises them with the tokenizer's chat template.
+
+    Args:
+        tokenizer: A tokenizer with a chat template.
+        history_length: Number of past (observation, action) pairs shown in step-format prompts.
+        max_prompt_length: Longest prompt in tokens; step-format prompts drop their oldest history entries to fit.
+        chat_template_kwargs: Extra keyword arguments for `apply_chat_template` (e.g. `enable_thinking=False`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        history_length: int = 2,
+        max_prompt_length: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "The tokenizer has no chat template, and trl-agents renders every turn as a chat. Use an instruct "
+                "model, or set one, e.g. `tokenizer.chat_template = trl.chat_template_utils.qwen2_5_chat_template`."
+            )
+        self.tokenizer = tokenizer
+        self.history_length = history_length
+        self.max_prompt_length = max_prompt_length
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._env_turn_cache: dict[str, list[int]] = {}
+
+    # ---- step format ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def step_user_message(task: str, history: Sequence[tuple[str, str]], observation: str) -> str:
+        """The user message of a step-format turn: task, recent (observation, action) pairs, current observation."""
+        parts = [task] if task else []
+        if not history:  # nothing to tell apart: the observation alone keeps prompts short
+            return "\n".join([*parts, observation])
+        parts.append("Recent history:")
+        for past_observation, past_action in history:
+            parts.append(f"Observation:\n{past_observation}\nAction: {past_action}")
+        parts.append(f"Current observation:\n{observation}")
+        return "\n".join(parts)
+
+    @staticmethod
+    def step_messages(
+        system: str, task: str, history: Sequence[tuple[str, str]], observation: str
+    ) -> list[dict[str, str]]:
+        """The chat of a step-format turn (system message = the environment's rules, when not empty)."""
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": PromptRenderer.step_user_message(task, history, observation)})
+        return messages
+
+    def step_text(self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str) -> str:
+        recent = list(history[-self.history_length :]) if self.history_length > 0 else []
+        return self._apply(self.step_messages(system, task, recent, observation), tokenize=False)
+
+    def step_prompt_ids(
+        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str
+    ) -> list[int]:
+        """Token ids of a step-format prompt; the oldest history entries are dropped if it is too long."""
+        keep = min(self.history_length, len(history)) if self.history_length > 0 else 0
+        while True:
+            recent = list(history[len(history) - keep :]) if keep else []
+            ids = self._apply(self.step_messages(system, task, recent, observation), tokenize=True)
+            if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
+                return ids
+            if keep == 0:
+                raise PromptTooLongError(
+                    f"The prompt of this turn has {len(ids)} tokens without any history, more than "
+                    f"max_prompt_length={self.max_prompt_length}. Raise `max_prompt_length` or shorten the "
+                    "environment's observations / system prompt."
+                )
+            keep -= 1
+
+    # ---- conversation format -------------------------------------------------------------------------------------
+
+    def conversation_prompt_ids(self, system: str, task: str, observation: str) -> list[int]:
+        """Token ids of the first turn of a conversation (system + task + first observation)."""
+        content = f"{task}\n{observation}" if task else observation
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": content})
+        return self._apply(messages, tokenize=True)
+
+    def env_turn_ids(self, observation: str) -> list[int]:
+        """Tokens that follow an assistant turn's EOS: the template's end-of-turn text, the observation as a user
+        message, and the next generation prompt. Obtained by diffing two renderings of a dummy chat (the same
+        trick TRL uses for tool responses), so any chat template works."""
+        cached = self._env_turn_cache.get(observation)
+        if cached is not None:
+            return list(cached)
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        prefix = self._apply(base, tokenize=True, add_generation_prompt=False)
+        full = self._apply(base + [{"role": "user", "content": observation}], tokenize=True)
+        eos_positions = [i for i, token in enumerate(prefix) if token == self.tokenizer.eos_token_id]
+        if eos_positions:  # align on the EOS the model generates, not on what the template prints after it
+            prefix = prefix[: eos_positions[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise ValueError(
+                "The chat template is not prefix-preserving (rendering one more message changes earlier tokens), "
+                "so conversation rows cannot be built by appending tokens. Use row_format='step'."
+            )
+        suffix = full[len(prefix) :]
+        if len(self._env_turn_cache) < 4096:
+            self._env_turn_cache[observation] = suffix
+        return list(suffix)
+
+    # ---- shared --------------------------------------------------------------------------------------------------
+
+    def _apply(self, messages, tokenize: bool, add_generation_prompt: bool = True):
+        out = self.tokenizer.apply_chat_template(
+            messages,
+            tokenize=tokenize,
+            add_generation_prompt=add_generation_prompt,
+            return_dict=False,
+            **self.chat_template_kwargs,
+        )
+        return list(out) if tokenize else out

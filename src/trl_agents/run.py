@@ -1,0 +1,297 @@
+"""The training job behind `trl-agents train`: model, optional warm start, evaluation, RL, evaluation, outputs.
+
+`run_training` is the whole pipeline for one (method, environment) config:
+
+1. load the model (a Hub id or local path), or build the tiny offline model (`tiny_model: true`);
+2. optionally warm-start it with SFT on solver demonstrations (stopping at a validation success target);
+3. evaluate on the held-out split;
+4. train with the method's trainer (optionally within a wall-clock budget);
+5. evaluate again and write, under `output_dir`: the final checkpoint, `trajectories/*.parquet`, `metrics.json`,
+   `eval_results.json` and `learning_curve.png`.
+
+Example:
+    ```python
+    from trl_agents.run import RunArguments, run_training
+    from trl_agents import GiGPOConfig
+    from trl import ModelConfig
+
+    run = RunArguments(method="gigpo", tiny_model=True, num_train_tasks=64, num_eval_tasks=32)
+    config = GiGPOConfig("outputs/demo", env_name="frozenlake", max_steps=2, per_device_train_batch_size=8,
+                         num_generations=4, max_completion_length=4)
+    results = run_training(run, config, ModelConfig())
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .callbacks import TimeBudgetCallback
+from .envs import get_env_class
+from .evaluation import evaluate_policy
+from .trainers import get_method
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunArguments:
+    """What `trl-agents train` runs around the trainer (the trainer's own settings live in the method config)."""
+
+    method: str = field(default="grpo", metadata={"help": "Method name (`trl-agents methods` lists them)."})
+    tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build a tiny Qwen2-style model and a tokenizer trained on the environment's text, "
+        "offline, instead of loading `model_name_or_path` (tests, quickstart)."},
+    )
+    tiny_model_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Size of the tiny model: hidden_size, num_layers, num_heads, num_kv_heads, "
+        "intermediate_size, vocab_size (JSON on the command line)."},
+    )
+    train_split: str = field(default="train", metadata={"help": "Environment split the training tasks come from."})
+    num_train_tasks: int | None = field(default=None, metadata={"help": "Number of training tasks (None = all)."})
+    eval_split: str = field(default="eval", metadata={"help": "Held-out split evaluated before and after RL."})
+    num_eval_tasks: int | None = field(default=200, metadata={"help": "Number of held-out tasks (None = all)."})
+    eval_max_turns: int | None = field(
+        default=None, metadata={"help": "Turn budget at evaluation (None = the training `max_turns`)."}
+    )
+    warm_start_steps: int = field(
+        default=0, metadata={"help": "Maximum SFT steps on solver demonstrations before RL (0 = no warm start)."}
+    )
+    warm_start_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the warm start."})
+    warm_start_batch_size: int = field(default=64, metadata={"help": "Batch size of the warm start."})
+    warm_start_tasks: int = field(default=2000, metadata={"help": "Training tasks whose solver plans are demos."})
+    warm_start_eval_every: int = field(default=10, metadata={"help": "Validate the warm start every N steps."})
+    warm_start_target_success: float | None = field(
+        default=None,
+        metadata={"help": "Stop the warm start once greedy validation success reaches this (None = run all steps). "
+        "A medium start leaves RL both successes to learn from and room to improve (quickstart_probe.md)."},
+    )
+    warm_start_val_tasks: int = field(
+        default=200, metadata={"help": "Training-split tasks, unused as demonstrations, that validate the warm start."}
+    )
+    time_budget: float | None = field(
+        default=None, metadata={"help": "Stop RL after this many seconds of training (None = max_steps/epochs)."}
+    )
+
+
+def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
+    """Run the whole job (see the module docstring) and return the results written to `eval_results.json`."""
+    from transformers import set_seed
+
+    started = time.monotonic()
+    method = get_method(run.method)
+    if not isinstance(config, method.config_class):
+        raise TypeError(f"method {run.method!r} needs a {method.config_class.__name__}, got {type(config).__name__}")
+    if config.env_name is None:
+        raise ValueError("Set `env_name` (the environment to train on), e.g. --env_name sokoban")
+    env_cls = get_env_class(config.env_name)
+    os.makedirs(config.output_dir, exist_ok=True)
+    set_seed(config.seed)
+
+    train_tasks = env_cls.task_split(run.train_split, run.num_train_tasks, **config.env_kwargs)
+    eval_tasks = env_cls.task_split(run.eval_split, run.num_eval_tasks, **config.env_kwargs)
+    model, tokenizer, model_path = _load_model(run, config, model_args)
+
+    results: dict[str, Any] = {"method": run.method, "env": config.env_name, "seed": config.seed}
+    metrics: dict[str, Any] = {}
+    if run.warm_start_steps > 0:
+        model_path, metrics["warm_start"] = _warm_start(run, config, model, tokenizer, train_tasks)
+    evaluate = _evaluator(run, config, tokenizer, eval_tasks)
+    results["eval_before_rl"] = evaluate(model)
+    _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
+
+    # Hand the trainer a path when we have one: TRL re-creates the reference model (beta > 0) from it.
+    callbacks = [TimeBudgetCallback(run.time_budget)] if run.time_budget else []
+    trainer = method.trainer_class(
+        model=model_path or model,
+        args=config,
+        train_dataset=train_tasks,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=_peft_config(model_args),
+    )
+    rl_started = time.monotonic()
+    trainer.train()
+    results["rl_seconds"] = time.monotonic() - rl_started
+    results["rl_steps"] = trainer.state.global_step
+    trained = trainer.model
+    results["eval_after_rl"] = evaluate(trained)
+    _print_eval("after RL", results["eval_after_rl"])
+    gain = results["eval_after_rl"]["success_rate"] - results["eval_before_rl"]["success_rate"]
+    results["success_gain_points"] = 100 * gain
+    results["total_seconds"] = time.monotonic() - started
+    print(f"[trl-agents] held-out success gain from RL: {100 * gain:+.1f} points "
+          f"({results['rl_steps']} RL steps, {results['total_seconds']:.0f} s in total)")
+
+    trainer.save_model(config.output_dir)
+    metrics["rl"] = trainer.state.log_history
+    _write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
+    results["run_arguments"] = asdict(run)
+    _write_json(os.path.join(config.output_dir, "eval_results.json"), results)
+    plot_learning_curve(metrics, results, os.path.join(config.output_dir, "learning_curve.png"))
+    return results
+
+
+def _load_model(run: RunArguments, config, model_args):
+    """(model, tokenizer, path or None): a Hub id / local path, or the tiny offline model saved under output_dir."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if run.tiny_model:
+        from .testing import build_tiny_model, build_tiny_tokenizer, env_corpus
+
+        sizes = _as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
+        vocab_size = sizes.pop("vocab_size", 512)
+        corpus = env_corpus(config.env_name, seed=config.seed, **config.env_kwargs)
+        if config.system_prompt:
+            corpus.append(config.system_prompt)
+        tokenizer = build_tiny_tokenizer(corpus, vocab_size=vocab_size)
+        model = build_tiny_model(tokenizer, seed=config.seed, **sizes)
+        path = os.path.join(config.output_dir, "base-model")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return model, tokenizer, path
+    name = model_args.model_name_or_path
+    if not name:
+        raise ValueError("Set `model_name_or_path` (a Hub model id or a local path), or `tiny_model: true`.")
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, padding_side="left")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"The tokenizer of {name!r} has no chat template, and trl-agents renders every turn as a chat. Use an "
+            "instruct model, or save a tokenizer with a chat template next to the model."
+        )
+    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
+    model = AutoModelForCausalLM.from_pretrained(name, revision=model_args.model_revision, dtype=dtype)
+    return model, tokenizer, name
+
+
+def _peft_config(model_args):
+    if not getattr(model_args, "use_peft", False):
+        return None
+    from trl import get_peft_config
+
+    return get_peft_config(model_args)
+
+
+def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
+    from .warmstart import SuccessStopper, solver_demonstrations, warm_start
+
+    demo_tasks = train_tasks[: run.warm_start_tasks]
+    val_tasks = train_tasks[run.warm_start_tasks : run.warm_start_tasks + run.warm_start_val_tasks]
+    if run.warm_start_target_success is not None and not val_tasks:
+        raise ValueError(
+            "warm_start_target_success needs validation tasks: num_train_tasks must exceed warm_start_tasks "
+            f"(got {len(train_tasks)} tasks, {run.warm_start_tasks} used as demonstrations)."
+        )
+    examples = solver_demonstrations(
+        config.env_name,
+        demo_tasks,
+        env_kwargs=config.env_kwargs,
+        history_length=config.history_length,
+        system_prompt=config.system_prompt,
+    )
+    validate = _evaluator(run, config, tokenizer, val_tasks)
+    stopper = SuccessStopper(lambda: validate(model)["success_rate"], run.warm_start_eval_every,
+                             run.warm_start_target_success)
+    warm_start(
+        model,
+        tokenizer,
+        examples,
+        output_dir=os.path.join(config.output_dir, "warm-start"),
+        max_steps=run.warm_start_steps,
+        learning_rate=run.warm_start_learning_rate,
+        batch_size=run.warm_start_batch_size,
+        seed=config.seed,
+        callbacks=[stopper] if val_tasks else [],
+    )
+    path = os.path.join(config.output_dir, "warm-start")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, {"examples": len(examples), "validation_success": stopper.history}
+
+
+def _evaluator(run: RunArguments, config, tokenizer, tasks):
+    def evaluate(model) -> dict[str, Any]:
+        return evaluate_policy(
+            model,
+            tokenizer,
+            config.env_name,
+            tasks=tasks,
+            env_kwargs=config.env_kwargs,
+            max_turns=run.eval_max_turns or config.max_turns,
+            history_length=config.history_length,
+            row_format=config.row_format,
+            system_prompt=config.system_prompt,
+            max_new_tokens=config.max_completion_length,
+            max_prompt_length=config.max_prompt_length,
+            chat_template_kwargs=config.chat_template_kwargs,
+        )
+
+    return evaluate
+
+
+def _print_eval(label: str, result: dict[str, Any]) -> None:
+    print(
+        f"[trl-agents] held-out success {label}: {result['success_rate']:.3f} on {result['num_tasks']} tasks "
+        f"(mean length {result['episode_length']:.2f}, valid actions {result['valid_action_rate']:.3f})"
+    )
+
+
+def _as_dict(value, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name} must be a JSON object, got {value!r}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict, got {value!r}")
+    return dict(value)
+
+
+def _write_json(path: str, data: Any) -> None:
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as handle:
+        json.dump(data, handle, indent=2, default=str)
+    os.replace(temporary, path)
+
+
+def plot_learning_curve(metrics: dict[str, Any], results: dict[str, Any], path: str) -> None:
+    """Training success per RL step (sampled rollouts) with the held-out success before and after RL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = [h for h in metrics.get("rl", []) if "env/success_rate" in h]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if history:
+        steps = [h["step"] for h in history]
+        success = [h["env/success_rate"] for h in history]
+        axis.plot(steps, success, color="tab:blue", alpha=0.35, label="training rollouts (sampled)")
+        window = max(len(success) // 15, 1)
+        smooth = [sum(success[max(0, i - window + 1) : i + 1]) / len(success[max(0, i - window + 1) : i + 1])
+                  for i in range(len(success))]
+        axis.plot(steps, smooth, color="tab:blue", label=f"training, moving mean ({window})")
+        end = steps[-1]
+    else:
+        end = 1
+    before, after = results["eval_before_rl"]["success_rate"], results["eval_after_rl"]["success_rate"]
+    axis.scatter([0, end], [before, after], color="tab:red", zorder=3, label="held-out (greedy)")
+    axis.annotate(f"{before:.3f}", (0, before), textcoords="offset points", xytext=(5, 5))
+    axis.annotate(f"{after:.3f}", (end, after), textcoords="offset points", xytext=(-30, 5))
+    axis.set_xlabel("RL step")
+    axis.set_ylabel("success rate")
+    axis.set_ylim(0, 1)
+    axis.set_title(f"{results['method']} on {results['env']} (seed {results['seed']})")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,638 @@
+"""`AgentGRPOConfig` + `AgentGRPOTrainer`: TRL's `GRPOTrainer` for multi-turn agents in environments.
+
+The only changes w.r.t. `GRPOTrainer`:
+
+* dataset rows are tasks (`{"env": "sokoban", "seed": 3}`), not prompts; each task runs G episodes;
+* `_generate_and_score_completions` runs the multi-turn rollout (`RolloutEngine`), asks `compute_advantages(groups)`
+  for one advantage per step, and returns step rows (or conversation rows with an env mask) with (B, T) advantages;
+  old and reference log-probs are computed exactly as TRL does;
+* `_prepare_inputs` splits the rows into micro-batches without dropping any (the number of rows varies);
+* `_compute_loss` adds `compute_auxiliary_loss(model, inputs)`, scaled for gradient accumulation as TRL scales its
+  own loss.
+
+Method variants subclass this trainer and override `compute_advantages`, `compute_auxiliary_loss` or
+`prepare_signals` (see `trainers/gigpo.py`).
+
+Example:
+    ```python
+    from datasets import Dataset
+    from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+    from trl_agents.envs import get_env_class
+
+    tasks = Dataset.from_list(get_env_class("sokoban").task_split("train", 256))
+    config = AgentGRPOConfig(output_dir="sokoban-grpo", max_turns=15, max_completion_length=64)
+    trainer = AgentGRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=config, train_dataset=tasks)
+    trainer.train()
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import typing
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset
+from trl import GRPOConfig, GRPOTrainer
+from trl.models import unwrap_model_for_generation
+from trl.trainer.utils import pad, shuffle_sequence_dict
+
+from ..credit import get_estimator
+from ..envs import get_env_class
+from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
+from ..rollout.engine import ROW_FORMATS
+from ..rollout.generators import Generator
+from ..rollout.rows import TrainingRows, build_rows, split_rows
+from ..trajectory import Group, RolloutBatch
+
+logger = logging.getLogger(__name__)
+
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
+CREDIT_STATISTICS = ("trajectories", "step_rows")
+
+
+@dataclass
+class AgentGRPOConfig(GRPOConfig):
+    r"""
+    Configuration of [`AgentGRPOTrainer`]: every `GRPOConfig` field, plus the agent/environment fields below.
+
+    Fields of `GRPOConfig` keep their meaning, with these agent readings: `num_generations` is G, the episodes per
+    task; `per_device_train_batch_size × steps_per_generation` counts *episodes* per generation batch (a multiple of
+    G, so whole groups stay on one process); `max_completion_length` is the token budget of one turn; `temperature`,
+    `top_p`, `top_k` apply to every turn; `scale_rewards` chooses GRPO's z-score (`"group"`) or mean-only (`"none"`,
+    Dr. GRPO) advantages.
+
+    Args:
+        env_name (`str` or `None`, *optional*): Environment for rows without an `env` column.
+        env_kwargs (`dict`, *optional*): Constructor keyword arguments of the environments (e.g. `{"size": 6}`).
+        max_turns (`int`, *optional*, defaults to `10`): Turn budget of an episode.
+        history_length (`int`, *optional*, defaults to `2`): Past (observation, action) pairs in step prompts.
+        row_format (`str`, *optional*, defaults to `"step"`): `"step"` or `"conversation"` (DESIGN §3.5).
+        system_prompt (`str` or `None`, *optional*): Replaces the environment's instructions as system message.
+        max_prompt_length (`int` or `None`, *optional*): Longest prompt; step prompts drop old history to fit,
+            conversations stop there.
+        invalid_action_penalty (`float`, *optional*, defaults to `0.1`): Subtracted from the credit of steps whose
+            action the environment rejected.
+        advantage_estimator (`str`, *optional*, defaults to `"grpo"`): `"grpo"` or `"rloo"`.
+        credit_statistic (`str`, *optional*, defaults to `"trajectories"`): Population of GRPO's group statistics.
+        save_trajectories (`bool`, *optional*, defaults to `True`): Write every rollout to
+            `output_dir/trajectories/*.parquet`.
+    """
+
+    env_name: str | None = field(
+        default=None,
+        metadata={"help": "Environment used for dataset rows that have no `env` column (e.g. 'sokoban'). (Not "
+        "`env`: in TRL's YAML configs that key sets environment variables.)"},
+    )
+    env_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Constructor keyword arguments of the environments, e.g. {'size': 6, 'num_boxes': 1} "
+        "(a JSON string on the command line)."},
+    )
+    max_turns: int = field(default=10, metadata={"help": "Turn budget of an episode; longer episodes are truncated."})
+    history_length: int = field(
+        default=2,
+        metadata={"help": "Number of past (observation, action) pairs shown in step-format prompts (verl-agent: 2)."},
+    )
+    row_format: str = field(
+        default="step",
+        metadata={"help": "'step': one training row per turn (prompt = task + history window + observation). "
+        "'conversation': one row per episode, the whole chat, with environment tokens masked out of the loss."},
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System message of every prompt; None uses the environment's own instructions."},
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest prompt in tokens. Step prompts drop their oldest history entries to fit; a "
+        "conversation that outgrows it ends there (truncated). None = no limit."},
+    )
+    invalid_action_penalty: float = field(
+        default=0.1,
+        metadata={"help": "Penalty λ for steps whose action the environment rejected (verl-agent default 0.1), "
+        "applied by the credit estimator to that step only (anchor_verl_agent.md §1.5, §1.9)."},
+    )
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Outcome credit of AgentGRPOTrainer: 'grpo' (z-score, or mean-only with "
+        "scale_rewards='none') or 'rloo' (leave-one-out baseline). Method trainers (GiGPO, ...) override it."},
+    )
+    credit_statistic: str = field(
+        default="trajectories",
+        metadata={"help": "Population of GRPO's group mean/std: 'trajectories' (one return per episode, as in "
+        "the GRPO paper) or 'step_rows' (every step row of the group, as verl-agent computes it)."},
+    )
+    save_trajectories: bool = field(
+        default=True,
+        metadata={"help": "Write every rollout (one row per step, with its advantage) to "
+        "output_dir/trajectories/*.parquet."},
+    )
+
+    def __post_init__(self):
+        # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
+        if self.bf16 is None and not self.fp16 and not (torch.cuda.is_available() or _has_other_accelerator()):
+            self.bf16 = False
+        if isinstance(self.env_kwargs, str):
+            try:
+                self.env_kwargs = json.loads(self.env_kwargs)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"env_kwargs must be a dict or a JSON object string, got {self.env_kwargs!r}") from err
+        self.env_kwargs = dict(self.env_kwargs or {})
+        check_field_types(self, self._agent_field_names())
+        _check_choice("row_format", self.row_format, ROW_FORMATS)
+        _check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
+        _check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.history_length < 0:
+            raise ValueError(f"history_length must be >= 0, got {self.history_length}")
+        if self.remove_unused_columns:
+            raise ValueError(
+                "remove_unused_columns=True would strip the task columns (env, seed, ...) that AgentGRPOTrainer "
+                "needs; leave it False."
+            )
+        super().__post_init__()
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is not supported for agents: use 'group' (z-score within the "
+                "task's G episodes) or 'none' (mean-only, Dr. GRPO)."
+            )
+        per_process = self.per_device_train_batch_size * self.steps_per_generation
+        if per_process % self.num_generations != 0:
+            raise ValueError(
+                f"per_device_train_batch_size × steps_per_generation = {per_process} episodes per process must be a "
+                f"multiple of num_generations={self.num_generations}, so that the G episodes of a task run and are "
+                "credited on one process. Adjust per_device_train_batch_size or gradient_accumulation_steps."
+            )
+
+    def _agent_field_names(self) -> list[str]:
+        """Fields added by this class and its subclasses (those are type-checked here; TRL checks its own)."""
+        base = {f.name for f in fields(GRPOConfig)}
+        return [f.name for f in fields(self) if f.name not in base]
+
+    def _advantage_estimators(self) -> tuple[str, ...]:
+        return ADVANTAGE_ESTIMATORS
+
+
+def _has_other_accelerator() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def check_field_types(config: Any, names: list[str]) -> None:
+    """Raise a ValueError naming the field when a config value does not match the field's annotation."""
+    hints = typing.get_type_hints(type(config))
+    for name in names:
+        expected = hints.get(name)
+        value = getattr(config, name)
+        if expected is None or _matches(value, expected):
+            continue
+        raise ValueError(
+            f"{type(config).__name__}.{name} must be of type {_type_name(expected)}, got {value!r} "
+            f"({type(value).__name__}). Fix the value of `{name}` in your config or command line."
+        )
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_matches(value, arg) for arg in typing.get_args(expected))
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    target = origin or expected
+    return isinstance(target, type) and isinstance(value, target)
+
+
+def _type_name(expected: Any) -> str:
+    args = typing.get_args(expected)
+    if args:
+        return " | ".join(_type_name(a) for a in args)
+    return getattr(expected, "__name__", str(expected))
+
+
+def environment_return(completions: list, episode_return: list[float] | None = None, **kwargs) -> list[float]:
+    """The environment is the reward source: each episode's undiscounted return Σ_t r_t.
+
+    Registered with TRL as the trainer's reward function, so TRL's bookkeeping (`reward_func_names`, reward logs)
+    names the reward after the environment. AgentGRPOTrainer reads returns from its own rollouts.
+    """
+    if episode_return is None:
+        raise ValueError("environment_return needs the episode_return column produced by an agent rollout")
+    return [float(r) for r in episode_return]
+
+
+class AgentGRPOTrainer(GRPOTrainer):
+    """
+    Trainer for multi-turn agents, extending TRL's [`~trl.GRPOTrainer`] (see the module docstring for what changes).
+
+    Args:
+        model (`str` or `PreTrainedModel` or `PeftModel`):
+            A Hub model id or local path (loaded like `GRPOTrainer` does), or an instantiated model.
+        args ([`AgentGRPOConfig`], *optional*):
+            Configuration; defaults to `AgentGRPOConfig(f"{model_name}-AgentGRPO")`.
+        train_dataset (`datasets.Dataset` or list of dicts):
+            Task rows: each names an environment (`env` column or `args.env_name`) and the fields its `reset` needs
+            (e.g. `seed`). `SomeEnv.task_split("train", n)` builds such rows.
+        eval_dataset: Task rows for TRL's evaluation loop (optional).
+        processing_class: Tokenizer with a chat template (loaded from the model when None).
+        callbacks, optimizers: As in `transformers.Trainer`.
+        peft_config (`peft.PeftConfig`, *optional*): Train a PEFT adapter (e.g. LoRA) instead of the full model.
+        generator ([`~trl_agents.rollout.Generator`], *optional*): Replaces the built-in transformers generation
+            (e.g. a vLLM-server generator).
+        env_pool ([`~trl_agents.rollout.EnvPool`], *optional*): Where environment instances come from.
+    """
+
+    _tag_names = ["trl", "trl-agents", "agent-grpo"]
+    _name = "AgentGRPO"
+
+    def __init__(
+        self,
+        model,
+        args: AgentGRPOConfig | None = None,
+        train_dataset: Dataset | IterableDataset | list[dict] | None = None,
+        eval_dataset: Dataset | list[dict] | None = None,
+        processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+        generator: Generator | None = None,
+        env_pool: EnvPool | None = None,
+    ):
+        if args is None:
+            model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
+            args = AgentGRPOConfig(f"{str(model_name).split('/')[-1]}-{self._name}")
+        elif not isinstance(args, AgentGRPOConfig):
+            raise TypeError(
+                f"args must be an AgentGRPOConfig (or a method's config), got {type(args).__name__}. Convert a "
+                "GRPOConfig with `AgentGRPOConfig(**grpo_config.to_dict())`."
+            )
+        train_dataset = _as_task_dataset(train_dataset, args, "train_dataset", required=True)
+        eval_dataset = _as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
+        super().__init__(
+            model=model,
+            reward_funcs=[environment_return],
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            peft_config=peft_config,
+        )
+        self.renderer = PromptRenderer(
+            self._tokenizer,
+            history_length=args.history_length,
+            max_prompt_length=args.max_prompt_length,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+        self.generator = generator or TransformersGenerator(
+            tokenizer=self._tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            model_context=self._model_for_generation,
+        )
+        self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
+        self._rollout_index = 0
+        self.last_rollout: RolloutBatch | None = None
+
+    # ---- hooks for method variants -------------------------------------------------------------------------------
+
+    def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
+        """One advantage per step (or per action token) for every trajectory of every group.
+
+        `groups` hold only healthy episodes. Returns `advantages[g][i][t]`. The default is the configured outcome
+        estimator (`advantage_estimator`: GRPO or RLOO); method trainers override this.
+        """
+        args = self.args
+        if args.advantage_estimator == "grpo":
+            params = {
+                "scale": args.scale_rewards,
+                "statistic": args.credit_statistic,
+                "invalid_penalty": args.invalid_action_penalty,
+            }
+        else:
+            params = {"invalid_penalty": args.invalid_action_penalty}
+        estimator = get_estimator(args.advantage_estimator)
+        return [estimator(group, **params) for group in groups]
+
+    def compute_auxiliary_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """An extra loss term added to the policy loss (distillation, auxiliary objectives). None = no extra term.
+
+        Return the loss of this micro-batch as if there were no gradient accumulation; the trainer divides it by the
+        number of accumulation steps, as TRL does with its own loss.
+        """
+        return None
+
+    def prepare_signals(self, batch: RolloutBatch, groups: list[Group], output: dict[str, Any]) -> None:
+        """Add extra per-row tensors to the training batch `output` (e.g. teacher log-probs under a privileged
+        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order."""
+
+    # ---- rollout and scoring --------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _model_for_generation(self):
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped_model,
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            yield unwrapped_model
+
+    def _sampling_params(self, mode: str) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k or 0,
+        )
+
+    def _engine(self, mode: str) -> RolloutEngine:
+        return RolloutEngine(
+            self.generator,
+            self.renderer,
+            max_turns=self.args.max_turns,
+            sampling=self._sampling_params(mode),
+            row_format=self.args.row_format,
+            env_pool=self.env_pool,
+            system_prompt=self.args.system_prompt,
+        )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        tasks = _tasks_of(inputs, num_generations)
+
+        batch = self._engine(mode).run(tasks, num_generations)
+        self.last_rollout = batch
+        healthy = [group.healthy() for group in batch.groups]
+        advantages = self.compute_advantages(healthy)
+        rows = build_rows(healthy, advantages, self.args.row_format)
+        if len(rows) == 0:
+            errors = sorted({t.error for t in batch.trajectories if t.error})
+            raise RuntimeError(
+                "Every episode of this rollout failed, so there is nothing to train on. First errors: "
+                + "; ".join(errors[:3])
+            )
+        output = self._pad_rows(rows, device)
+        self._add_old_and_ref_logps(output)
+        self.prepare_signals(batch, healthy, output)
+        self._log_rollout(batch, healthy, advantages, rows, mode)
+        if self.args.save_trajectories and mode == "train":
+            self._save_trajectories(batch, advantages)
+        self._rollout_index += 1
+        return output
+
+    def _pad_rows(self, rows: TrainingRows, device) -> dict[str, Any]:
+        # A rollout may yield fewer rows than micro-batches (e.g. most episodes crashed); repeat rows with a zero
+        # loss mask so every micro-batch is non-empty and every process runs the same number of backward passes.
+        num_chunks = self.args.steps_per_generation if self.model.training else 1
+        loss_mask_rows = [1] * len(rows)
+        while len(rows) < num_chunks:
+            for name in ("prompt_ids", "completion_ids", "env_mask", "advantages", "sampling_logprobs"):
+                getattr(rows, name).append(list(getattr(rows, name)[0]))
+            loss_mask_rows.append(0)
+
+        pad_id = self._tokenizer.pad_token_id
+
+        def padded(values, value, side, dtype):
+            return pad([torch.tensor(v, dtype=dtype) for v in values], padding_value=value, padding_side=side).to(
+                device
+            )
+
+        prompt_ids = padded(rows.prompt_ids, pad_id, "left", torch.long)
+        prompt_mask = padded([[1] * len(p) for p in rows.prompt_ids], 0, "left", torch.long)
+        completion_ids = padded(rows.completion_ids, pad_id, "right", torch.long)
+        completion_mask = padded([[m] * len(c) for c, m in zip(rows.completion_ids, loss_mask_rows)], 0, "right", torch.long)
+        output = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "advantages": padded(rows.advantages, 0.0, "right", torch.float32),
+            "sampling_per_token_logps": padded(rows.sampling_logprobs, 0.0, "right", torch.float32),
+        }
+        if self.args.row_format == "conversation":
+            output["tool_mask"] = padded(rows.env_mask, 1, "right", torch.long)
+        # Masked copies still count as context but never as loss tokens: make sure they carry no mask either way.
+        loss_mask = completion_mask * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        return output
+
+    def _add_old_and_ref_logps(self, output: dict[str, Any]) -> None:
+        """Old and reference per-token log-probs, computed under the same conditions as in `GRPOTrainer`."""
+        prompt_completion_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logits_to_keep = output["completion_ids"].size(1)
+        mode = "train" if self.model.training else "eval"
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        with torch.no_grad(), _no_gradient_checkpointing(self):
+            # Generation and optimisation are misaligned (or several passes reuse the rollout): keep the behaviour
+            # policy's log-probs for the importance ratio. Otherwise the ratio is exactly 1 and TRL skips this.
+            if self.args.gradient_accumulation_steps % generate_every != 0:
+                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref_model = self.ref_model
+                    adapter_context = contextlib.nullcontext()
+                else:  # PEFT: the reference is the base model (adapter disabled) or the frozen "ref" adapter
+                    from trl.trainer.utils import use_adapter
+
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    ref_model = self.model
+                    adapter_context = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+                with adapter_context:
+                    output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                        ref_model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                    )
+
+    def _prepare_inputs(self, generation_batch):
+        # As GRPOTrainer._prepare_inputs, with `split_rows` instead of `split_tensor_dict` (which drops rows).
+        if not self.model.training:
+            return self._generate_and_score_completions(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            output = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
+            self._buffered_inputs = split_rows(output, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        auxiliary = self.compute_auxiliary_loss(model, inputs)
+        if auxiliary is not None:
+            mode = "train" if self.model.training else "eval"
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + auxiliary / normalizer
+        return loss
+
+    # ---- metrics and records --------------------------------------------------------------------------------------
+
+    def _log_rollout(self, batch: RolloutBatch, healthy: list[Group], advantages, rows: TrainingRows, mode: str):
+        trajectories = [t for t in batch.trajectories if not t.failed]
+        steps = [s for t in trajectories for s in t.steps]
+        turn_sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        zero_groups = 0
+        zero_std_groups = 0
+        for group, group_advantages in zip(healthy, advantages, strict=True):
+            values = []
+            for trajectory_advantages in group_advantages:
+                for turn, value in enumerate(trajectory_advantages):
+                    scalar = value if isinstance(value, (int, float)) else sum(value) / max(len(value), 1)
+                    turn_sums[turn][0] += scalar
+                    turn_sums[turn][1] += 1
+                    values.append(scalar)
+            if group.trajectories and all(abs(v) < 1e-8 for v in values):
+                zero_groups += 1
+            returns = [t.episode_return for t in group.trajectories]
+            if len(set(returns)) <= 1:
+                zero_std_groups += 1
+        num_groups = max(len(healthy), 1)
+        local = {
+            "env/success_rate": (sum(t.success for t in trajectories), len(trajectories)),
+            "env/episode_length": (sum(t.num_steps for t in trajectories), len(trajectories)),
+            "env/episode_return": (sum(t.episode_return for t in trajectories), len(trajectories)),
+            "env/valid_action_rate": (sum(s.valid for s in steps), len(steps)),
+            "env/failed_episode_rate": (sum(t.failed for t in batch.trajectories), len(batch.trajectories)),
+            "credit/zero_advantage_group_fraction": (zero_groups, num_groups),
+            "frac_reward_zero_std": (zero_std_groups, num_groups),
+            "train_rows": (len(rows), 1),
+        }
+        for turn in range(self.args.max_turns):
+            total, count = turn_sums.get(turn, (0.0, 0.0))
+            local[f"credit/advantage_by_turn/{turn}"] = (total, count)
+        names = sorted(local)
+        stats = torch.tensor([local[n] for n in names], dtype=torch.float64, device=self.accelerator.device)
+        stats = self.accelerator.reduce(stats, reduction="sum")
+        for name, (total, count) in zip(names, stats.tolist(), strict=True):
+            if count > 0:
+                self._metrics[mode][name].append(total if name == "train_rows" else total / count)
+        returns = [t.episode_return for t in trajectories]
+        if returns:
+            mean = sum(returns) / len(returns)
+            self._metrics[mode]["reward"].append(mean)
+            self._metrics[mode]["reward_std"].append(
+                math.sqrt(sum((r - mean) ** 2 for r in returns) / max(len(returns) - 1, 1))
+            )
+        if mode == "train":
+            tokens = sum(len(p) + len(c) for p, c in zip(rows.prompt_ids, rows.completion_ids, strict=True))
+            tokens = self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum").item()
+            self.state.num_input_tokens_seen += tokens
+        self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
+        for trajectory in trajectories:  # one completions-table entry per episode
+            self._logs["prompt"].append(trajectory.steps[0].observation if trajectory.steps else "")
+            self._logs["completion"].append(" | ".join(s.action_text for s in trajectory.steps))
+            self._logs["rewards"]["environment_return"].append(trajectory.episode_return)
+            self._logs["advantages"].append(0.0)
+
+    def _save_trajectories(self, batch: RolloutBatch, advantages) -> None:
+        """Append this rollout to output_dir/trajectories as one parquet file (written to a temp name, then renamed,
+        so a crash never leaves a half-written file)."""
+        per_step: dict[tuple[int, int], list] = {}
+        for group_index, (group, group_advantages) in enumerate(
+            zip([g.healthy() for g in batch.groups], advantages, strict=True)
+        ):
+            for trajectory, values in zip(group.trajectories, group_advantages, strict=True):
+                per_step[(group_index, trajectory.episode_id)] = [
+                    float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
+                ]
+        column = []
+        for group_index, group in enumerate(batch.groups):
+            for trajectory in group.trajectories:
+                values = per_step.get((group_index, trajectory.episode_id))
+                for index in range(max(trajectory.num_steps, 1)):
+                    column.append(values[index] if values and index < len(values) else None)
+        directory = os.path.join(self.args.output_dir, "trajectories")
+        os.makedirs(directory, exist_ok=True)
+        name = f"rollout-{self._rollout_index:05d}-rank{self.accelerator.process_index}.parquet"
+        dataset = batch.to_dataset(
+            extra={"advantage": column, "global_step": [self.state.global_step] * len(column)}
+        )
+        temporary = os.path.join(directory, f".{name}.tmp")
+        dataset.to_parquet(temporary)
+        os.replace(temporary, os.path.join(directory, name))
+
+
+@contextlib.contextmanager
+def _no_gradient_checkpointing(trainer: GRPOTrainer):
+    from trl.models.utils import disable_gradient_checkpointing
+
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        yield
+
+
+def _tasks_of(inputs: list[dict[str, Any]], num_generations: int) -> list[dict[str, Any]]:
+    """The unique tasks of a generation batch: TRL's sampler repeats every row G times in a row."""
+    if len(inputs) % num_generations != 0:
+        raise ValueError(
+            f"A batch of {len(inputs)} rows cannot hold whole groups of {num_generations} episodes per task."
+        )
+    tasks = []
+    for start in range(0, len(inputs), num_generations):
+        block = inputs[start : start + num_generations]
+        if any(row != block[0] for row in block[1:]):
+            raise RuntimeError(
+                "The sampler did not hand over whole groups (G identical task rows in a row); check that "
+                "per_device_train_batch_size × steps_per_generation is a multiple of num_generations."
+            )
+        tasks.append(dict(block[0]))
+    return tasks
+
+
+def _as_task_dataset(dataset, args: AgentGRPOConfig, name: str, required: bool):
+    """Validate that a dataset holds task rows (and accept a plain list of dicts)."""
+    if dataset is None:
+        if required:
+            raise ValueError(
+                f"AgentGRPOTrainer needs a `{name}` of task rows, e.g. "
+                "`Dataset.from_list(trl_agents.envs.get_env_class('sokoban').task_split('train', 1000))`."
+            )
+        return None
+    if isinstance(dataset, list):
+        if not dataset or not all(isinstance(row, dict) for row in dataset):
+            raise ValueError(f"`{name}` must be a non-empty list of task dicts or a datasets.Dataset")
+        dataset = Dataset.from_list(dataset)
+    if isinstance(dataset, IterableDataset):
+        return dataset  # validated lazily, row by row, by the rollout
+    columns = set(dataset.column_names)
+    if "env" not in columns and args.env_name is None:
+        if "prompt" in columns:
+            raise ValueError(
+                f"`{name}` looks like a prompt dataset (it has a 'prompt' column). AgentGRPOTrainer's rows are tasks: "
+                "an 'env' column (or the config field `env_name`) and the fields the environment's reset needs, e.g. "
+                "{'env': 'sokoban', 'seed': 3}. Build them with `get_env_class(name).task_split('train', n)`."
+            )
+        raise ValueError(
+            f"The rows of `{name}` have no task: they need an 'env' column naming a registered environment (or set "
+            "the config field `env_name`) plus the fields its reset needs, e.g. {'env': 'sokoban', 'seed': 3}."
+        )
+    env_names = set(dataset["env"]) if "env" in columns else {args.env_name}
+    for env_name in sorted(env_names, key=str):
+        env_cls = get_env_class(env_name)  # clear error for unknown names
+        if env_cls.task_keys and not columns.intersection(env_cls.task_keys):
+            raise ValueError(
+                f"The rows of `{name}` have no task for environment {env_name!r}: it needs a column among "
+                f"{', '.join(map(repr, env_cls.task_keys))}. Build rows with `{env_cls.__name__}.task_split(split, n)`."
+            )
+    return dataset

@@ -1,0 +1,267 @@
+"""The one data model of trl-agents: `Step`, `Trajectory`, `Group`, `RolloutBatch`.
+
+A rollout produces a `RolloutBatch`: one `Group` per task, each holding the G `Trajectory`s that started from the
+same initial state, each a list of `Step`s (one per turn). Credit functions read Groups; the trainer turns Steps into
+training rows; `RolloutBatch.to_rows()` / `from_rows()` convert to and from flat `datasets` rows (one row per step).
+
+Example:
+    >>> from trl_agents.trajectory import Step, Trajectory, Group, RolloutBatch
+    >>> step = Step(observation="S . G", action_text="right", prompt_ids=[1, 2], action_ids=[3, 4], reward=1.0, done=True)
+    >>> traj = Trajectory(task={"env": "frozenlake", "seed": 7}, steps=[step], success=True)
+    >>> batch = RolloutBatch([Group(task=traj.task, trajectories=[traj])])
+    >>> rows = batch.to_rows()
+    >>> rows[0]["action_text"], rows[0]["episode_return"]
+    ('right', 1.0)
+    >>> RolloutBatch.from_rows(rows).groups[0].trajectories[0].steps[0].action_ids
+    [3, 4]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Step:
+    """One turn of one episode: what the policy saw, what it generated, and what the environment answered.
+
+    Args:
+        observation: The environment observation shown right before this action, without any history. It is the
+            text GiGPO-style methods compare across episodes (the "anchor observation").
+        action_text: The decoded model output of this turn.
+        prompt_ids: The tokens the policy was conditioned on. In step format: the rendered prompt of this turn
+            (task + history window + observation). In conversation format: the whole conversation so far.
+        action_ids: The generated tokens of this turn; the only loss-bearing tokens.
+        action_logprobs: Sampling log-probabilities of `action_ids` (same length), as the generator computed them.
+        reward: Environment reward r_t of this step (before any invalid-action penalty).
+        done: Whether the environment ended the episode after this step.
+        valid: Whether the environment accepted the action (False for unparsable or illegal actions).
+        state_key: Canonical environment state before the action (hashable), when the env declares `state_key`.
+        info: Free-form per-step information from the environment (kept JSON-serialisable).
+        env_ids: Conversation format only: the tokens appended after the action (end of turn, the next observation,
+            the next generation prompt). They are context, never trained on.
+        snapshot: Environment snapshot taken before the action, for branching topologies (never serialised).
+    """
+
+    observation: str
+    action_text: str
+    prompt_ids: list[int] = field(default_factory=list)
+    action_ids: list[int] = field(default_factory=list)
+    action_logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    valid: bool = True
+    state_key: Hashable | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    env_ids: list[int] = field(default_factory=list)
+    snapshot: Any = None
+
+
+@dataclass
+class Trajectory:
+    """One episode: the task it ran, its steps, and how it ended.
+
+    Args:
+        task: The dataset row that defined the task (e.g. `{"env": "sokoban", "seed": 3}`).
+        steps: The recorded turns, in order.
+        success: Whether the environment reported the task as solved.
+        error: Set when the episode failed for infrastructure reasons (the env crashed or hung). Such episodes are
+            kept in the records but excluded from group statistics and from training.
+        episode_id: Index of this episode within its group (0..G-1).
+    """
+
+    task: dict[str, Any]
+    steps: list[Step] = field(default_factory=list)
+    success: bool = False
+    error: str | None = None
+    episode_id: int = 0
+
+    @property
+    def episode_return(self) -> float:
+        """Undiscounted sum of the environment rewards R(τ) = Σ_t r_t."""
+        return float(sum(step.reward for step in self.steps))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def failed(self) -> bool:
+        """True for an infrastructure failure (not for an unsuccessful episode)."""
+        return self.error is not None
+
+
+@dataclass
+class Group:
+    """The G episodes of one task, all started from the same initial state (the unit of group-relative credit)."""
+
+    task: dict[str, Any]
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+    @property
+    def task_id(self) -> str:
+        return task_id(self.task)
+
+    def healthy(self) -> Group:
+        """This group without infrastructure-failed episodes (what credit functions and training see)."""
+        return Group(task=self.task, trajectories=[t for t in self.trajectories if not t.failed])
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+
+def task_id(task: dict[str, Any]) -> str:
+    """A stable id for a task row: its `task_id` field if present, else a canonical JSON of the row."""
+    if "task_id" in task:
+        return str(task["task_id"])
+    return json.dumps(task, sort_keys=True, default=str)
+
+
+# Columns of the flat row format, one row per step. Lists stay lists; `state_key` and `info` are stored as strings
+# (repr / JSON) so that any environment's keys survive a parquet round trip.
+ROW_COLUMNS = (
+    "task",
+    "task_id",
+    "group_index",
+    "episode_id",
+    "step",
+    "observation",
+    "action_text",
+    "prompt_ids",
+    "action_ids",
+    "action_logprobs",
+    "env_ids",
+    "reward",
+    "done",
+    "valid",
+    "state_key",
+    "info",
+    "episode_return",
+    "success",
+    "error",
+)
+
+
+@dataclass
+class RolloutBatch:
+    """All groups of one rollout (one generation batch), with conversion to and from flat step rows."""
+
+    groups: list[Group] = field(default_factory=list)
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [traj for group in self.groups for traj in group.trajectories]
+
+    def to_rows(self, extra: dict[str, Iterable[Any]] | None = None) -> list[dict[str, Any]]:
+        """Flatten to one dict per step (episodes without steps, e.g. a failed reset, get one row with step=-1).
+
+        `extra` maps a column name to one value per row (in row order), e.g. the advantages used in training.
+        """
+        rows = []
+        for group_index, group in enumerate(self.groups):
+            for traj in group.trajectories:
+                common = {
+                    "task": json.dumps(traj.task, sort_keys=True, default=str),
+                    "task_id": task_id(traj.task),
+                    "group_index": group_index,
+                    "episode_id": traj.episode_id,
+                    "episode_return": traj.episode_return,
+                    "success": traj.success,
+                    "error": traj.error,
+                }
+                steps = traj.steps or [None]
+                for index, step in enumerate(steps):
+                    if step is None:
+                        rows.append({**common, **_empty_step_columns()})
+                        continue
+                    rows.append(
+                        {
+                            **common,
+                            "step": index,
+                            "observation": step.observation,
+                            "action_text": step.action_text,
+                            "prompt_ids": list(step.prompt_ids),
+                            "action_ids": list(step.action_ids),
+                            "action_logprobs": [float(x) for x in step.action_logprobs],
+                            "env_ids": list(step.env_ids),
+                            "reward": float(step.reward),
+                            "done": bool(step.done),
+                            "valid": bool(step.valid),
+                            "state_key": None if step.state_key is None else repr(step.state_key),
+                            "info": json.dumps(step.info, sort_keys=True, default=str),
+                        }
+                    )
+        if extra:
+            for name, values in extra.items():
+                values = list(values)
+                if len(values) != len(rows):
+                    raise ValueError(f"extra column {name!r} has {len(values)} values for {len(rows)} rows")
+                for row, value in zip(rows, values, strict=True):
+                    row[name] = value
+        return rows
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[dict[str, Any]]) -> RolloutBatch:
+        """Rebuild groups and trajectories from `to_rows()` output (or a `datasets.Dataset` of it).
+
+        `state_key` comes back as its string form; equal keys stay equal, which is all grouping needs.
+        """
+        groups: dict[int, Group] = {}
+        trajectories: dict[tuple[int, int], Trajectory] = {}
+        for row in rows:
+            task = json.loads(row["task"])
+            group = groups.setdefault(row["group_index"], Group(task=task))
+            key = (row["group_index"], row["episode_id"])
+            if key not in trajectories:
+                trajectories[key] = Trajectory(
+                    task=task, success=bool(row["success"]), error=row["error"], episode_id=row["episode_id"]
+                )
+                group.trajectories.append(trajectories[key])
+            if row["step"] < 0:
+                continue
+            trajectories[key].steps.append(
+                Step(
+                    observation=row["observation"],
+                    action_text=row["action_text"],
+                    prompt_ids=list(row["prompt_ids"]),
+                    action_ids=list(row["action_ids"]),
+                    action_logprobs=list(row["action_logprobs"]),
+                    env_ids=list(row["env_ids"]),
+                    reward=row["reward"],
+                    done=row["done"],
+                    valid=row["valid"],
+                    state_key=row["state_key"],
+                    info=json.loads(row["info"]),
+                )
+            )
+        return cls(groups=[groups[k] for k in sorted(groups)])
+
+    def to_dataset(self, extra: dict[str, Iterable[Any]] | None = None):
+        """The rows as a `datasets.Dataset` (e.g. to save as parquet or push to the Hub)."""
+        from datasets import Dataset
+
+        return Dataset.from_list(self.to_rows(extra))
+
+    @classmethod
+    def from_dataset(cls, dataset) -> RolloutBatch:
+        return cls.from_rows(dataset)
+
+
+def _empty_step_columns() -> dict[str, Any]:
+    return {
+        "step": -1,
+        "observation": "",
+        "action_text": "",
+        "prompt_ids": [],
+        "action_ids": [],
+        "action_logprobs": [],
+        "env_ids": [],
+        "reward": 0.0,
+        "done": True,
+        "valid": False,
+        "state_key": None,
+        "info": "{}",
+    }

@@ -1,0 +1,143 @@
+"""Supervised warm start on solver demonstrations, with TRL's `SFTTrainer`.
+
+A model that never emits a valid action gets no learning signal from RL. For environments with a solver
+(`optimal_plan` capability), `solver_demonstrations` replays optimal plans and records every turn as a
+prompt-completion example rendered exactly as the RL prompts are (same system message, history window and
+observation text), and `warm_start` fine-tunes on them. `SuccessStopper` evaluates greedy success every few steps
+and stops once a target is reached: too strong a warm start leaves RL nothing to learn, too weak gives it no
+successes to learn from (quickstart_probe.md, "Lessons").
+
+Example:
+    >>> from trl_agents.warmstart import solver_demonstrations
+    >>> rows = solver_demonstrations("frozenlake", [{"seed": 1}], history_length=0)
+    >>> rows[0]["completion"][0]["role"], rows[0]["completion"][0]["content"] in ("up", "down", "left", "right")
+    ('assistant', True)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from .envs import get_env_class, make_env
+from .rollout.prompts import PromptRenderer
+
+logger = logging.getLogger(__name__)
+
+
+def solver_demonstrations(
+    env: str,
+    tasks: Sequence[dict[str, Any]],
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    history_length: int = 2,
+    system_prompt: str | None = None,
+) -> list[dict[str, Any]]:
+    """One conversational prompt-completion example per turn of an optimal episode of every task.
+
+    Args:
+        env: Registered environment name; it must implement `optimal_plan()` (e.g. a BFS or A* solver).
+        tasks: Task rows (dicts with the fields `reset` needs).
+        env_kwargs: Environment constructor arguments.
+        history_length: History window of the prompts (use the RL setting).
+        system_prompt: Overrides the environment's instructions (use the RL setting).
+    """
+    env_cls = get_env_class(env)
+    if "optimal_plan" not in env_cls.capabilities():
+        raise ValueError(
+            f"Environment {env!r} has no solver (`optimal_plan`), so there are no demonstrations to warm-start on. "
+            "Set warm_start_steps=0, or warm-start from a trajectory dataset instead."
+        )
+    instance = make_env(env, **(env_kwargs or {}))
+    rows = []
+    for task in tasks:
+        observation = instance.reset(dict(task))
+        system = instance.instructions if system_prompt is None else system_prompt
+        task_text = instance.task_description()
+        history: list[tuple[str, str]] = []
+        for action in instance.optimal_plan() or []:
+            recent = history[-history_length:] if history_length > 0 else []
+            rows.append(
+                {
+                    "prompt": PromptRenderer.step_messages(system, task_text, recent, observation),
+                    "completion": [{"role": "assistant", "content": action}],
+                }
+            )
+            next_observation, _, done, _ = instance.step(action)
+            history.append((observation, action))
+            observation = next_observation
+            if done:
+                break
+    instance.close()
+    return rows
+
+
+class SuccessStopper(TrainerCallback):
+    """Evaluate every `every` steps with `evaluate()` (returns a success rate) and stop at `target` or above.
+
+    The measured curve is kept in `history` as (step, success) pairs.
+    """
+
+    def __init__(self, evaluate: Callable[[], float], every: int, target: float | None):
+        self.evaluate = evaluate
+        self.every = max(int(every), 1)
+        self.target = target
+        self.history: list[tuple[int, float]] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every != 0:
+            return control
+        success = self.evaluate()
+        self.history.append((state.global_step, success))
+        logger.info("warm start step %d: validation success %.3f", state.global_step, success)
+        if self.target is not None and success >= self.target:
+            control.should_training_stop = True
+        return control
+
+
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    *,
+    output_dir: str,
+    max_steps: int,
+    learning_rate: float = 1e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+    callbacks: list[TrainerCallback] | None = None,
+    report_to: str | list[str] = "none",
+):
+    """Fine-tune `model` on `examples` (prompt-completion chats) with TRL's SFTTrainer; returns the trainer."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    config = SFTConfig(
+        output_dir=output_dir,
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        logging_steps=max(max_steps // 10, 1),
+        save_strategy="no",
+        report_to=report_to,
+        seed=seed,
+        bf16=None if torch.cuda.is_available() else False,
+        gradient_checkpointing=False,
+        dataset_num_proc=None,
+        disable_tqdm=False,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(examples),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+    trainer.train()
+    return trainer

@@ -1,0 +1,444 @@
+"""Credit estimators (GRPO, Dr. GRPO, RLOO, GiGPO) against hand-computed numbers.
+
+The expected values are written out, with their arithmetic in comments; they are not recomputed with the formulas
+under test. Reference cases: methods_specs.md §1.1-1.4 (checked by shared/research/toy_checks.py).
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+import random
+
+import pytest
+
+from trl_agents import credit
+from trl_agents.credit import (
+    CREDIT_ESTIMATORS,
+    discounted_returns,
+    get_estimator,
+    gigpo_advantages,
+    gigpo_advantages_with_stats,
+    grpo_advantages,
+    rloo_advantages,
+)
+from trl_agents.credit import base as credit_base
+from trl_agents.credit import gigpo as credit_gigpo
+from trl_agents.credit import grpo as credit_grpo
+from trl_agents.credit import rloo as credit_rloo
+from trl_agents.trajectory import Group, Step, Trajectory
+
+TOL = 1e-4
+
+
+def episode(*steps: tuple) -> Trajectory:
+    """A trajectory from (observation, reward) or (observation, reward, valid) tuples."""
+    made = []
+    for spec in steps:
+        observation, reward, valid = (*spec, True) if len(spec) == 2 else spec
+        made.append(Step(observation=observation, action_text="act", reward=float(reward), valid=valid))
+    return Trajectory(task={"task_id": "t"}, steps=made)
+
+
+def group_of(*trajectories: Trajectory) -> Group:
+    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
+
+
+def one_step_group(*returns: float) -> Group:
+    return group_of(*(episode(("s", r)) for r in returns))
+
+
+def assert_close(actual: list[list[float]], expected: list[list[float]], tol: float = TOL) -> None:
+    assert [len(row) for row in actual] == [len(row) for row in expected], actual
+    for row_a, row_e in zip(actual, expected, strict=True):
+        for a, e in zip(row_a, row_e, strict=True):
+            assert a == pytest.approx(e, abs=tol), (actual, expected)
+
+
+def all_finite(advantages: list[list[float]]) -> bool:
+    return all(math.isfinite(a) for row in advantages for a in row)
+
+
+# The toy group of methods_specs.md §1.4 (γ = 0.5, rewards only at the last step):
+#   A: s0 -a-> s1 -b-> success (R=1)    B: s0 -a-> s1 -c-> fail (R=0)
+#   C: s0 -d-> s2 -e-> fail (R=0)       D: copy of A
+# Discounted step returns (γ=0.5): A, D: [0.5, 1];  B, C: [0, 0].
+# Anchor groups: s0 = {A0, B0, C0, D0} returns [0.5, 0, 0, 0.5];  s1 = {A1, B1, D1} returns [1, 0, 1];  s2 = {C1}.
+def toy_group() -> Group:
+    return group_of(
+        episode(("s0", 0), ("s1", 1)),
+        episode(("s0", 0), ("s1", 0)),
+        episode(("s0", 0), ("s2", 0)),
+        episode(("s0", 0), ("s1", 1)),
+    )
+
+
+# ---------------------------------------------------------------- GRPO / Dr. GRPO / RLOO on R = [1, 0, 0, 1]
+
+
+def test_grpo_zscore_reference():
+    # mean 0.5; Bessel std sqrt((4 * 0.25) / 3) = 0.57735; 0.5 / (0.57735 + 1e-4) = 0.8659
+    assert_close(grpo_advantages(one_step_group(1, 0, 0, 1)), [[0.8659], [-0.8659], [-0.8659], [0.8659]])
+
+
+def test_dr_grpo_reference():
+    # R - mean = R - 0.5
+    assert_close(grpo_advantages(one_step_group(1, 0, 0, 1), scale="none"), [[0.5], [-0.5], [-0.5], [0.5]])
+
+
+def test_rloo_reference():
+    # 1 - (0 + 0 + 1)/3 = 0.6667;  0 - (1 + 0 + 1)/3 = -0.6667
+    assert_close(rloo_advantages(one_step_group(1, 0, 0, 1)), [[0.6667], [-0.6667], [-0.6667], [0.6667]])
+
+
+def test_episode_advantage_is_broadcast_to_every_step():
+    group = group_of(episode(("a", 0), ("b", 0), ("c", 1)), episode(("a", 0)))
+    # R = [1, 0]: Dr. GRPO ±0.5, RLOO ±1, on every step of each episode.
+    assert grpo_advantages(group, scale="none") == [[0.5, 0.5, 0.5], [-0.5]]
+    assert rloo_advantages(group) == [[1.0, 1.0, 1.0], [-1.0]]
+
+
+def test_grpo_step_rows_statistic_weighs_long_episodes():
+    group = group_of(episode(("a", 0), ("b", 0), ("c", 1)), episode(("a", 0)))
+    # Step-row scores [1, 1, 1, 0]: mean 0.75 -> A: 0.25, B: -0.75 (vs ±0.5 over trajectories).
+    assert_close(grpo_advantages(group, scale="none", statistic="step_rows"), [[0.25, 0.25, 0.25], [-0.75]])
+
+
+def test_single_element_groups():
+    # A group of one episode: nothing to compare with -> 0 for GRPO (both scales) and RLOO.
+    single = group_of(episode(("a", 0), ("b", 3)))
+    assert grpo_advantages(single) == [[0.0, 0.0]]
+    assert grpo_advantages(single, scale="none") == [[0.0, 0.0]]
+    assert grpo_advantages(single, statistic="step_rows") == [[0.0, 0.0]]
+    assert rloo_advantages(single) == [[0.0, 0.0]]
+    # ... plus the penalty on an invalid step (statistic over trajectories).
+    invalid = group_of(episode(("a", 0, False), ("b", 3)))
+    assert_close(grpo_advantages(invalid), [[-0.1, 0.0]])
+    assert_close(rloo_advantages(invalid), [[-0.1, 0.0]])
+    # GiGPO (verl-agent): a population of one gets mean 0, std 1 -> A^E = R.
+    assert gigpo_advantages(one_step_group(3)) == [[3.0]]
+    assert_close(gigpo_advantages(one_step_group(3), mode="mean_std_norm", statistic="trajectories"), [[3.0]])
+
+
+# ---------------------------------------------------------------- all-equal rewards
+
+
+ALL_CONFIGS = [
+    ("grpo", {"scale": "group", "statistic": "trajectories"}),
+    ("grpo", {"scale": "group", "statistic": "step_rows"}),
+    ("grpo", {"scale": "none", "statistic": "trajectories"}),
+    ("grpo", {"scale": "none", "statistic": "step_rows"}),
+    ("rloo", {}),
+] + [
+    ("gigpo", {"mode": mode, "statistic": statistic, "similarity_threshold": threshold})
+    for mode in ("mean_norm", "mean_std_norm")
+    for statistic in ("step_rows", "trajectories")
+    for threshold in (None, 0.9)
+]
+
+
+@pytest.mark.parametrize(("name", "options"), ALL_CONFIGS)
+@pytest.mark.parametrize("reward", [0.0, 1.0, 0.1, 10.0])
+def test_all_equal_rewards_give_zero(name, options, reward):
+    # Same rewards at the same steps -> same returns everywhere -> every advantage exactly 0 (no NaN with std = 0).
+    group = group_of(*(episode(("s0", 0), (f"s{i % 2 + 1}", reward), ("s3", 0)) for i in range(4)))
+    advantages = get_estimator(name)(group, **options)
+    assert advantages == [[0.0, 0.0, 0.0]] * 4
+
+
+def test_no_nan_with_mean_std_norm_and_equal_rewards():
+    # Unequal lengths and shared anchors with all-zero rewards: every std is 0, every deviation 0.
+    group = group_of(episode(("s0", 0)), episode(("s0", 0), ("s1", 0)), episode(("s1", 0), ("s1", 0), ("s0", 0)))
+    for statistic in ("step_rows", "trajectories"):
+        advantages = gigpo_advantages(group, mode="mean_std_norm", statistic=statistic)
+        assert all_finite(advantages)
+        assert advantages == [[0.0], [0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+# ---------------------------------------------------------------- GiGPO toy group (methods_specs.md §1.4)
+
+# mean_norm: the two statistics agree here (all episodes have 2 steps):
+#   A^E: step rows [1,1,0,0,0,0,1,1] or trajectories [1,0,0,1] -> mean 0.5 -> A, D: +0.5; B, C: -0.5
+#   A^S: s0 mean 0.25 -> A0, D0: +0.25, B0, C0: -0.25;  s1 mean 2/3 -> A1, D1: +0.3333, B1: -0.6667;  s2: 0
+#   A:  step0 0.5 + 0.25 = 0.75,   step1 0.5 + 0.3333 = 0.8333
+#   B:  step0 -0.5 - 0.25 = -0.75, step1 -0.5 - 0.6667 = -1.1667
+#   C:  step0 -0.75,               step1 -0.5 + 0 = -0.5
+TOY_MEAN_NORM = [[0.75, 0.8333], [-0.75, -1.1667], [-0.75, -0.5], [0.75, 0.8333]]
+
+
+@pytest.mark.parametrize("statistic", ["step_rows", "trajectories"])
+def test_gigpo_toy_mean_norm(statistic):
+    advantages = gigpo_advantages(toy_group(), gamma=0.5, omega=1.0, mode="mean_norm", statistic=statistic)
+    assert_close(advantages, TOY_MEAN_NORM)
+
+
+# mean_std_norm (Bessel std, ε = 1e-6):
+#   A^E step rows: [1,1,0,0,0,0,1,1], mean 0.5, std sqrt(8 * 0.25 / 7) = 0.5345 -> ±0.5 / 0.5345 = ±0.9354
+#   A^E trajectories: [1,0,0,1], mean 0.5, std sqrt(4 * 0.25 / 3) = 0.5774     -> ±0.5 / 0.5774 = ±0.8660
+#   A^S s0: [0.5,0,0,0.5], mean 0.25, std sqrt(4 * 0.0625 / 3) = 0.2887 -> ±0.25 / 0.2887 = ±0.8660
+#   A^S s1: [1,0,1], mean 2/3, std sqrt((1/9 + 4/9 + 1/9) / 2) = 0.5774 -> A1, D1: 0.3333 / 0.5774 = +0.5774,
+#           B1: -0.6667 / 0.5774 = -1.1547;   s2 singleton: 0
+TOY_MEAN_STD_STEP_ROWS = [
+    [0.9354 + 0.8660, 0.9354 + 0.5774],  # [1.8014, 1.5128]
+    [-0.9354 - 0.8660, -0.9354 - 1.1547],  # [-1.8014, -2.0901]
+    [-0.9354 - 0.8660, -0.9354 + 0.0],  # [-1.8014, -0.9354]
+    [0.9354 + 0.8660, 0.9354 + 0.5774],
+]
+TOY_MEAN_STD_TRAJECTORIES = [
+    [0.8660 + 0.8660, 0.8660 + 0.5774],  # [1.7320, 1.4434]
+    [-0.8660 - 0.8660, -0.8660 - 1.1547],  # [-1.7320, -2.0207]
+    [-0.8660 - 0.8660, -0.8660 + 0.0],  # [-1.7320, -0.8660]
+    [0.8660 + 0.8660, 0.8660 + 0.5774],
+]
+
+
+@pytest.mark.parametrize(
+    ("statistic", "expected"),
+    [("step_rows", TOY_MEAN_STD_STEP_ROWS), ("trajectories", TOY_MEAN_STD_TRAJECTORIES)],
+)
+def test_gigpo_toy_mean_std_norm(statistic, expected):
+    advantages = gigpo_advantages(toy_group(), gamma=0.5, mode="mean_std_norm", statistic=statistic)
+    assert_close(advantages, expected, tol=2e-4)  # 4-decimal sums above
+
+
+def test_gigpo_toy_stats():
+    _, stats = gigpo_advantages_with_stats(toy_group(), gamma=0.5)
+    # anchor groups s0 (4 rows), s1 (3 rows), s2 (1 row): 8 rows / 3 groups; 1 of 3 groups is a singleton.
+    assert stats["num_anchor_groups"] == 3
+    assert stats["mean_anchor_group_size"] == pytest.approx(8 / 3)
+    assert stats["singleton_fraction"] == pytest.approx(1 / 3)
+
+
+def test_gigpo_omega_scales_step_level_only():
+    # ω = 0 leaves A^E only: ±0.5 on every step (GiGPO reduces to Dr. GRPO over step rows).
+    assert_close(
+        gigpo_advantages(toy_group(), gamma=0.5, omega=0.0), [[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5], [0.5, 0.5]]
+    )
+    # ω = 2: A: step0 0.5 + 2 * 0.25 = 1.0, step1 0.5 + 2 * 0.3333 = 1.1667; C step1 stays -0.5 (singleton).
+    advantages = gigpo_advantages(toy_group(), gamma=0.5, omega=2.0)
+    assert_close(advantages, [[1.0, 1.1667], [-1.0, -1.8333], [-1.0, -0.5], [1.0, 1.1667]])
+
+
+# ---------------------------------------------------------------- unequal trajectory lengths (γ = 0.5, mean_norm)
+#   A: s0 -> success at once (r=1), 1 step, R=1;   B: s0 -> s1 -> s2, all 0, 3 steps, R=0;
+#   C: s0 -> s1 -> success (r=1 at step 1), 2 steps, R=1.
+#   A^E step rows: scores [1 | 0,0,0 | 1,1], mean 3/6 = 0.5     -> A: +0.5, B: -0.5, C: +0.5
+#   A^E trajectories: [1, 0, 1], mean 2/3                       -> A: +0.3333, B: -0.6667, C: +0.3333
+#   Step returns: A [1]; B [0, 0, 0]; C [0.5, 1].
+#   A^S s0: [1, 0, 0.5] mean 0.5 -> A0 +0.5, B0 -0.5, C0 0;  s1: [0, 1] mean 0.5 -> B1 -0.5, C1 +0.5;  s2: B2 0.
+def unequal_group() -> Group:
+    return group_of(
+        episode(("s0", 1)),
+        episode(("s0", 0), ("s1", 0), ("s2", 0)),
+        episode(("s0", 0), ("s1", 1)),
+    )
+
+
+def test_gigpo_unequal_lengths_step_rows():
+    # A: 0.5 + 0.5 = 1.0;  B: -0.5 - 0.5, -0.5 - 0.5, -0.5 + 0;  C: 0.5 + 0, 0.5 + 0.5
+    advantages = gigpo_advantages(unequal_group(), gamma=0.5, statistic="step_rows")
+    assert_close(advantages, [[1.0], [-1.0, -1.0, -0.5], [0.5, 1.0]])
+
+
+def test_gigpo_unequal_lengths_trajectories():
+    # A: 0.3333 + 0.5 = 0.8333;  B: -0.6667 - 0.5, -0.6667 - 0.5, -0.6667 + 0;  C: 0.3333 + 0, 0.3333 + 0.5
+    advantages = gigpo_advantages(unequal_group(), gamma=0.5, statistic="trajectories")
+    assert_close(advantages, [[0.8333], [-1.1667, -1.1667, -0.6667], [0.3333, 0.8333]])
+
+
+# ---------------------------------------------------------------- invalid-action penalty (λ = 0.1)
+# Group: A: (s0, valid, r=0) -> (s1, valid, r=1), R=1;  B: (s0, valid, r=0) -> (s1, INVALID, r=0), R=0.
+def penalty_group() -> Group:
+    return group_of(episode(("s0", 0), ("s1", 1)), episode(("s0", 0), ("s1", 0, False)))
+
+
+def test_grpo_penalty_trajectories_statistic():
+    # Over trajectories [1, 0]: mean 0.5, then -0.1 on B's invalid step.
+    assert_close(grpo_advantages(penalty_group(), scale="none"), [[0.5, 0.5], [-0.5, -0.6]])
+    # z-score: std sqrt(0.5) = 0.70711, 0.5 / (0.70711 + 1e-4) = 0.7070; B1: -0.7070 - 0.1 = -0.8070
+    assert_close(grpo_advantages(penalty_group()), [[0.7070, 0.7070], [-0.7070, -0.8070]])
+    # RLOO: 1 - 0 = 1, 0 - 1 = -1, then -0.1 on B1.
+    assert_close(rloo_advantages(penalty_group()), [[1.0, 1.0], [-1.0, -1.1]])
+
+
+def test_grpo_penalty_step_rows_statistic():
+    # Scores s = R - λ[invalid] = [1, 1 | 0, -0.1]; mean 1.9 / 4 = 0.475.
+    # none: [0.525, 0.525 | -0.475, -0.575]
+    assert_close(
+        grpo_advantages(penalty_group(), scale="none", statistic="step_rows"), [[0.525, 0.525], [-0.475, -0.575]]
+    )
+    # group: Σd² = 2 * 0.525² + 0.475² + 0.575² = 1.1075; std sqrt(1.1075 / 3) = 0.60759;
+    #   0.525 / 0.60769 = 0.8639, -0.475 / 0.60769 = -0.7816, -0.575 / 0.60769 = -0.9462
+    assert_close(grpo_advantages(penalty_group(), statistic="step_rows"), [[0.8639, 0.8639], [-0.7816, -0.9462]])
+
+
+def test_grpo_penalty_not_divided_by_zero_std():
+    # All returns 0, one invalid step: over trajectories the penalty stays exactly -λ, never -λ / 1e-4.
+    group = group_of(episode(("s0", 0), ("s1", 0, False)), episode(("s0", 0), ("s1", 0)))
+    assert_close(grpo_advantages(group), [[0.0, -0.1], [0.0, 0.0]])
+    assert_close(grpo_advantages(group, invalid_penalty=0.0), [[0.0, 0.0], [0.0, 0.0]])
+
+
+def test_gigpo_penalty_step_rows():
+    # γ = 0.5. A^E: scores [1, 1 | 0, -0.1], mean 0.475 -> A: [0.525, 0.525], B: [-0.475, -0.575].
+    # ρ: A [0.5, 1]; B [0, 0 - 0.1] (local, after discounting: B0 stays 0, not -0.05).
+    # A^S s0: [0.5, 0] mean 0.25 -> A0 +0.25, B0 -0.25;  s1: [1, -0.1] mean 0.45 -> A1 +0.55, B1 -0.55.
+    # A: [0.525 + 0.25, 0.525 + 0.55] = [0.775, 1.075];  B: [-0.475 - 0.25, -0.575 - 0.55] = [-0.725, -1.125]
+    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="step_rows")
+    assert_close(advantages, [[0.775, 1.075], [-0.725, -1.125]])
+
+
+def test_gigpo_penalty_trajectories():
+    # A^E over trajectories [1, 0]: ±0.5, then -0.1 on B1 -> A: [0.5, 0.5], B: [-0.5, -0.6]; A^S as above.
+    # A: [0.5 + 0.25, 0.5 + 0.55] = [0.75, 1.05];  B: [-0.5 - 0.25, -0.6 - 0.55] = [-0.75, -1.15]
+    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="trajectories")
+    assert_close(advantages, [[0.75, 1.05], [-0.75, -1.15]])
+
+
+def test_gigpo_penalty_changes_only_the_invalid_row_return():
+    # With λ = 0 the same group gives A: [0.75, 1.0], B: [-0.75, -1.0] (s1: [1, 0] mean 0.5).
+    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="trajectories", invalid_penalty=0.0)
+    assert_close(advantages, [[0.75, 1.0], [-0.75, -1.0]])
+
+
+# ---------------------------------------------------------------- anchors and similarity clustering
+
+MUG = "You are in the kitchen. On the counter 1, you see a mug."
+MUD = "You are in the kitchen. On the counter 1, you see a mud."  # one character differs: ratio 55/56 = 0.982
+
+
+def test_similarity_clustering_threshold():
+    group = group_of(episode((MUG, 1)), episode((MUD, 0)))
+    # Exact keys: two singletons -> A^S = 0, A = A^E = R - 0.5 = ±0.5.
+    assert_close(gigpo_advantages(group), [[0.5], [-0.5]])
+    # ratio 0.982 >= 0.9: one cluster [1, 0], mean 0.5 -> A^S = ±0.5 -> A = ±1.0
+    advantages, stats = gigpo_advantages_with_stats(group, similarity_threshold=0.9)
+    assert_close(advantages, [[1.0], [-1.0]])
+    assert stats == {"num_anchor_groups": 1, "mean_anchor_group_size": 2.0, "singleton_fraction": 0.0}
+    # ratio 0.982 < 0.999: two singletons again.
+    advantages, stats = gigpo_advantages_with_stats(group, similarity_threshold=0.999)
+    assert_close(advantages, [[0.5], [-0.5]])
+    assert stats == {"num_anchor_groups": 2, "mean_anchor_group_size": 1.0, "singleton_fraction": 1.0}
+
+
+def test_similarity_joins_first_matching_cluster():
+    # ratio(a, b) = 0; ratio(c, a) = ratio(c, b) = 2 * 5 / 20 = 0.5 -> at 0.5, c joins a's cluster (created first).
+    a, b, c = "aaaaaaaaaa", "bbbbbbbbbb", "aaaaabbbbb"
+    group = group_of(episode((a, 1)), episode((b, 0)), episode((c, 0)))
+    # A^E: R = [1, 0, 0], mean 1/3 -> [0.6667, -0.3333, -0.3333]
+    # A^S: {a, c} returns [1, 0] mean 0.5 -> a +0.5, c -0.5;  {b} singleton -> 0
+    advantages = gigpo_advantages(group, similarity_threshold=0.5)
+    assert_close(advantages, [[1.1667], [-0.3333], [-0.8333]])
+
+
+def test_singleton_anchors_reduce_gigpo_to_grpo():
+    # No state repeats: every A^S = 0, so GiGPO = Dr. GRPO (mean_norm) / GRPO z-score with ε = 1e-6 over step rows.
+    group = group_of(episode(("a", 0), ("b", 1)), episode(("c", 0), ("d", 0)))
+    advantages, stats = gigpo_advantages_with_stats(group, gamma=0.5)
+    assert_close(advantages, [[0.5, 0.5], [-0.5, -0.5]])  # scores [1, 1, 0, 0], mean 0.5
+    assert stats["singleton_fraction"] == 1.0
+    # mean_std_norm: std sqrt(4 * 0.25 / 3) = 0.5774 -> ±0.8660
+    assert_close(gigpo_advantages(group, mode="mean_std_norm"), [[0.8660, 0.8660], [-0.8660, -0.8660]])
+
+
+def test_anchor_state_key_versus_observation():
+    # Different observation texts, same state_key: one anchor group with "state_key", two with "observation".
+    first, second = episode(("view 1", 1)), episode(("view 2", 0))
+    first.steps[0].state_key = second.steps[0].state_key = (2, 3)
+    group = group_of(first, second)
+    assert_close(gigpo_advantages(group, anchor="state_key"), [[1.0], [-1.0]])  # A^E ±0.5 + A^S ±0.5
+    assert_close(gigpo_advantages(group, anchor="observation"), [[0.5], [-0.5]])  # singletons
+    # Similarity needs text anchors.
+    with pytest.raises(TypeError, match="text anchors"):
+        gigpo_advantages(group, anchor="state_key", similarity_threshold=0.9)
+    assert_close(gigpo_advantages(group, anchor="observation", similarity_threshold=0.5), [[1.0], [-1.0]])
+
+
+# ---------------------------------------------------------------- structure and edge cases
+
+
+# Greedy similarity clustering depends on the row order by design: exact anchors only.
+EXACT_ANCHOR_CONFIGS = [(name, options) for name, options in ALL_CONFIGS if not options.get("similarity_threshold")]
+
+
+@pytest.mark.parametrize(("name", "options"), EXACT_ANCHOR_CONFIGS)
+def test_permuting_trajectories_permutes_advantages(name, options):
+    rng = random.Random(0)
+    trajectories = [
+        episode(
+            *((f"s{rng.randrange(3)}", rng.choice([0, 0, 1]), rng.random() > 0.2) for _ in range(rng.randint(1, 5)))
+        )
+        for _ in range(6)
+    ]
+    order = [3, 0, 5, 1, 4, 2]
+    estimator = get_estimator(name)
+    advantages = estimator(group_of(*trajectories), **options)
+    permuted = estimator(group_of(*(trajectories[i] for i in order)), **options)
+    assert_close(permuted, [advantages[i] for i in order], tol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "options"), ALL_CONFIGS)
+def test_empty_group_and_zero_step_trajectories(name, options):
+    estimator = get_estimator(name)
+    assert estimator(group_of(), **options) == []
+    assert estimator(group_of(Trajectory(task={})), **options) == [[]]
+    mixed = estimator(group_of(Trajectory(task={}), episode(("s0", 0), ("s1", 1))), **options)
+    assert [len(row) for row in mixed] == [0, 2]
+    assert all_finite(mixed)
+
+
+def test_gigpo_stats_empty_group():
+    assert gigpo_advantages_with_stats(group_of()) == (
+        [],
+        {"num_anchor_groups": 0, "mean_anchor_group_size": 0.0, "singleton_fraction": 0.0},
+    )
+
+
+def test_discounted_returns():
+    # γ = 0.5: R2 = 4; R1 = 0 + 0.5 * 4 = 2; R0 = 1 + 0.5 * 2 = 2
+    assert discounted_returns([1.0, 0.0, 4.0], 0.5) == [2.0, 2.0, 4.0]
+    assert discounted_returns([], 0.95) == []
+
+
+def test_bad_arguments_are_rejected():
+    group = toy_group()
+    with pytest.raises(ValueError, match="scale"):
+        grpo_advantages(group, scale="batch")
+    with pytest.raises(ValueError, match="statistic"):
+        grpo_advantages(group, statistic="rows")
+    with pytest.raises(ValueError, match="mode"):
+        gigpo_advantages(group, mode="std")
+    with pytest.raises(ValueError, match="anchor"):
+        gigpo_advantages(group, anchor="history")
+    for threshold in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="similarity_threshold"):
+            gigpo_advantages(group, similarity_threshold=threshold)
+    with pytest.raises(ValueError, match="non-finite"):
+        grpo_advantages(one_step_group(1.0, float("nan")))
+    with pytest.raises(ValueError, match="non-finite"):
+        gigpo_advantages(one_step_group(1.0, float("inf")))
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_registry():
+    assert set(CREDIT_ESTIMATORS) == {"grpo", "rloo", "gigpo"}
+    assert get_estimator("grpo") is grpo_advantages
+    assert get_estimator("rloo") is rloo_advantages
+    assert get_estimator("gigpo") is gigpo_advantages
+
+
+def test_unknown_estimator_message():
+    with pytest.raises(ValueError, match=r"Unknown credit estimator 'gipgo'\. Known: gigpo, grpo, rloo") as info:
+        get_estimator("gipgo")
+    assert "Did you mean 'gigpo'?" in str(info.value)
+    with pytest.raises(ValueError, match="Known: gigpo, grpo, rloo") as info:
+        get_estimator("ppo-with-a-critic")
+    assert "Did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("module", [credit, credit_base, credit_grpo, credit_rloo, credit_gigpo])
+def test_docstring_examples(module):
+    result = doctest.testmod(module)
+    assert result.failed == 0
