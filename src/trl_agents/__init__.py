@@ -11,20 +11,32 @@ Example:
     ```
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0.dev0"
 
-from .trainers import METHODS, AgentGRPOConfig, AgentGRPOTrainer, GiGPOConfig, GiGPOTrainer, get_method  # noqa: E402
-from .trajectory import Group, RolloutBatch, Step, Trajectory  # noqa: E402
+# Trainers import TRL (seconds); environments and the data model do not. Import lazily so that
+# `trl_agents.envs` and `trl-agents envs` stay fast.
+_LAZY = {
+    "AgentGRPOConfig": "trainers",
+    "AgentGRPOTrainer": "trainers",
+    "GiGPOConfig": "trainers",
+    "GiGPOTrainer": "trainers",
+    "METHODS": "trainers",
+    "get_method": "trainers",
+    "Step": "trajectory",
+    "Trajectory": "trajectory",
+    "Group": "trajectory",
+    "RolloutBatch": "trajectory",
+}
 
-__all__ = [
-    "METHODS",
-    "AgentGRPOConfig",
-    "AgentGRPOTrainer",
-    "GiGPOConfig",
-    "GiGPOTrainer",
-    "Group",
-    "RolloutBatch",
-    "Step",
-    "Trajectory",
-    "get_method",
-]
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'trl_agents' has no attribute {name!r}")

@@ -210,6 +210,10 @@ def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
         seed=config.seed,
         callbacks=[stopper] if val_tasks else [],
     )
+    if stopper.history:
+        step, success = stopper.history[-1]
+        print(f"[trl-agents] warm start: {len(examples)} solver demonstrations, stopped at step {step} with "
+              f"validation success {success:.3f} (target {run.warm_start_target_success})")
     path = os.path.join(config.output_dir, "warm-start")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -128,6 +128,7 @@ def warm_start(
         report_to=report_to,
         seed=seed,
         bf16=None if torch.cuda.is_available() else False,
+        dataloader_pin_memory=torch.cuda.is_available(),
         gradient_checkpointing=False,
         dataset_num_proc=None,
         disable_tqdm=False,

@@ -34,6 +34,8 @@ class SamplingParams:
         temperature: Softmax temperature (ignored when `greedy`).
         top_p: Nucleus sampling mass (1.0 = off).
         top_k: Keep the k most likely tokens (0 = off).
+        min_p: Drop tokens less likely than min_p times the most likely one (None = off).
+        repetition_penalty: Penalise tokens already in the context (1.0 = off).
         greedy: Take the arg-max token (evaluation).
     """
 
@@ -41,6 +43,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
     greedy: bool = False
 
 
@@ -133,6 +137,8 @@ class TransformersGenerator:
             temperature=None if sampling.greedy else sampling.temperature,
             top_p=None if sampling.greedy else sampling.top_p,
             top_k=None if sampling.greedy else sampling.top_k,
+            min_p=None if sampling.greedy else sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,

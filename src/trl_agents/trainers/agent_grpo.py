@@ -138,8 +138,10 @@ class AgentGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
-        if self.bf16 is None and not self.fp16 and not (torch.cuda.is_available() or _has_other_accelerator()):
-            self.bf16 = False
+        if not (torch.cuda.is_available() or _has_other_accelerator()):
+            if self.bf16 is None and not self.fp16:
+                self.bf16 = False
+            self.dataloader_pin_memory = False  # nothing to pin to; avoids a warning per dataloader
         if isinstance(self.env_kwargs, str):
             try:
                 self.env_kwargs = json.loads(self.env_kwargs)
@@ -172,6 +174,20 @@ class AgentGRPOConfig(GRPOConfig):
                 f"multiple of num_generations={self.num_generations}, so that the G episodes of a task run and are "
                 "credited on one process. Adjust per_device_train_batch_size or gradient_accumulation_steps."
             )
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config: GRPOConfig, **agent_fields: Any) -> AgentGRPOConfig:
+        """This config class with every setting of an existing `GRPOConfig`, plus the agent fields given.
+
+        Example:
+            >>> from trl import GRPOConfig
+            >>> grpo = GRPOConfig("out", learning_rate=3e-6, bf16=False, report_to="none")
+            >>> AgentGRPOConfig.from_grpo_config(grpo, max_turns=20).learning_rate
+            3e-06
+        """
+        values = {f.name: getattr(grpo_config, f.name) for f in fields(GRPOConfig) if f.init}
+        values["generation_batch_size"] = None  # derived from steps_per_generation by __post_init__
+        return cls(**values, **agent_fields)
 
     def _agent_field_names(self) -> list[str]:
         """Fields added by this class and its subclasses (those are type-checked here; TRL checks its own)."""
@@ -260,6 +276,7 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "agent-grpo"]
     _name = "AgentGRPO"
+    _config_class = AgentGRPOConfig
 
     def __init__(
         self,
@@ -274,13 +291,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         generator: Generator | None = None,
         env_pool: EnvPool | None = None,
     ):
+        config_class = self._config_class
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
-            args = AgentGRPOConfig(f"{str(model_name).split('/')[-1]}-{self._name}")
-        elif not isinstance(args, AgentGRPOConfig):
+            args = config_class(f"{str(model_name).split('/')[-1]}-{self._name}")
+        elif not isinstance(args, config_class):
             raise TypeError(
-                f"args must be an AgentGRPOConfig (or a method's config), got {type(args).__name__}. Convert a "
-                "GRPOConfig with `AgentGRPOConfig(**grpo_config.to_dict())`."
+                f"{type(self).__name__} needs a {config_class.__name__}, got {type(args).__name__}. Convert a "
+                f"GRPOConfig with `{config_class.__name__}.from_grpo_config(grpo_config, max_turns=...)`."
             )
         train_dataset = _as_task_dataset(train_dataset, args, "train_dataset", required=True)
         eval_dataset = _as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
@@ -357,20 +375,22 @@ class AgentGRPOTrainer(GRPOTrainer):
         ):
             yield unwrapped_model
 
-    def _sampling_params(self, mode: str) -> SamplingParams:
+    def _sampling_params(self) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=self.max_completion_length,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k or 0,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
         )
 
-    def _engine(self, mode: str) -> RolloutEngine:
+    def _engine(self) -> RolloutEngine:
         return RolloutEngine(
             self.generator,
             self.renderer,
             max_turns=self.args.max_turns,
-            sampling=self._sampling_params(mode),
+            sampling=self._sampling_params(),
             row_format=self.args.row_format,
             env_pool=self.env_pool,
             system_prompt=self.args.system_prompt,
@@ -382,7 +402,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         tasks = _tasks_of(inputs, num_generations)
 
-        batch = self._engine(mode).run(tasks, num_generations)
+        batch = self._engine().run(tasks, num_generations)
         self.last_rollout = batch
         healthy = [group.healthy() for group in batch.groups]
         advantages = self.compute_advantages(healthy)

@@ -85,6 +85,7 @@ class GiGPOTrainer(AgentGRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "gigpo"]
     _name = "GiGPO"
+    _config_class = GiGPOConfig
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args

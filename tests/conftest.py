@@ -1,0 +1,116 @@
+"""Shared test fixtures: offline settings, a tiny tokenizer/model, a scripted generator and a toy text env."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import random  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+import pytest  # noqa: E402
+
+from trl_agents.envs import AgentEnv, register_env  # noqa: E402
+from trl_agents.rollout.generators import GenerationOutput, SamplingParams  # noqa: E402
+
+
+@register_env
+class KeywordEnv(AgentEnv):
+    """A toy text env for training tests: reward 1 when the answer contains the letter 'a', for `length` turns
+    (task field, default 2).
+
+    A random tiny model hits it about half of the time, so groups have reward variance and training moves weights.
+    """
+
+    name = "test-keyword"
+    instructions = "Say something with the letter a."
+    task_keys = ("seed",)
+
+    def reset(self, task):
+        self.turn = 0
+        self.seed = task["seed"]
+        self.length = task.get("length", 2)
+        return f"Round 0 of task {self.seed}."
+
+    def step(self, action_text):
+        self.turn += 1
+        reward = 1.0 if "a" in action_text else 0.0
+        done = self.turn >= self.length
+        return f"Round {self.turn} of task {self.seed}.", reward, done, {"valid": True, "success": done and reward > 0}
+
+    def state_key(self):
+        return (self.seed, self.turn)
+
+    @classmethod
+    def task_split(cls, split, count=None, **env_kwargs):
+        start = 0 if split == "train" else 10_000
+        return [{"env": cls.name, "seed": start + i} for i in range(count or 64)]
+
+
+class ScriptedGenerator:
+    """A `Generator` that answers with scripted texts and records every call.
+
+    `policy(prompt_ids, call_index, row_index, batch_size) -> str` chooses the text; it is tokenised and closed
+    with EOS.
+    """
+
+    def __init__(self, tokenizer, policy):
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.eos_token_ids = [tokenizer.eos_token_id]
+        self.calls: list[list[list[int]]] = []
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+        self.calls.append([list(p) for p in prompts])
+        completion_ids, logprobs = [], []
+        for row, prompt in enumerate(prompts):
+            text = self.policy(list(prompt), len(self.calls) - 1, row, len(prompts))
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            completion_ids.append(ids)
+            logprobs.append([-0.5] * len(ids))
+        return GenerationOutput(completion_ids, logprobs)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from trl_agents.testing import build_tiny_tokenizer, env_corpus
+
+    corpus = env_corpus("frozenlake", num_tasks=32) + env_corpus("sokoban", num_tasks=16)
+    return build_tiny_tokenizer(corpus, vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    from trl_agents.testing import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def scripted(tokenizer):
+    """Factory of ScriptedGenerator for a policy function."""
+
+    def make(policy):
+        return ScriptedGenerator(tokenizer, policy)
+
+    return make
+
+
+@pytest.fixture
+def rng():
+    return random.Random(0)

@@ -1,0 +1,102 @@
+"""The `trl-agents` command line: train writes every output, eval reads the checkpoint back, errors are clear."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from trl_agents.cli import main, packaged_config
+
+TINY_RUN = {
+    "method": "gigpo",
+    "tiny_model": True,
+    "tiny_model_kwargs": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "vocab_size": 400},
+    "env_name": "frozenlake",
+    "num_train_tasks": 40,
+    "num_eval_tasks": 8,
+    "max_turns": 4,
+    "history_length": 0,
+    "system_prompt": "Walk from P to G. Avoid H.",
+    "max_completion_length": 3,
+    "warm_start_steps": 4,
+    "warm_start_tasks": 24,
+    "warm_start_val_tasks": 8,
+    "warm_start_eval_every": 2,
+    "warm_start_batch_size": 16,
+    "max_steps": 2,
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "logging_steps": 1,
+    "report_to": "none",
+    "save_strategy": "no",
+    "gradient_checkpointing": False,
+    "disable_tqdm": True,
+}
+
+
+def write_config(tmp_path, **overrides):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**TINY_RUN, "output_dir": str(tmp_path / "out"), **overrides}))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_train_writes_checkpoint_trajectories_metrics_eval_and_plot(tmp_path, capsys):
+    main(["train", "--config", write_config(tmp_path), "--learning_rate", "0.001"])
+    out = tmp_path / "out"
+    for name in ["config.json", "model.safetensors", "tokenizer_config.json", "metrics.json", "eval_results.json",
+                 "learning_curve.png"]:
+        assert (out / name).exists(), name
+    assert len(list((out / "trajectories").glob("*.parquet"))) == 2
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["method"] == "gigpo" and results["rl_steps"] == 2
+    assert set(results["eval_before_rl"]) >= {"success_rate", "episode_length", "valid_action_rate"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["warm_start"]["examples"] == 24 * 6 and len(metrics["warm_start"]["validation_success"]) == 2
+    printed = capsys.readouterr().out
+    assert "held-out success after warm start" in printed and "held-out success after RL" in printed
+
+    main(["eval", "--model_name_or_path", str(out), "--env_name", "frozenlake", "--num_eval_tasks", "4",
+          "--history_length", "0", "--max_turns", "3", "--max_new_tokens", "3", "--output_file", str(tmp_path / "e.json")])
+    evaluated = json.loads((tmp_path / "e.json").read_text())
+    assert evaluated["num_tasks"] == 4 and 0.0 <= evaluated["success_rate"] <= 1.0
+
+
+def test_quickstart_config_is_packaged_and_parses():
+    from trl import ModelConfig, TrlParser
+
+    from trl_agents import GiGPOConfig
+    from trl_agents.run import RunArguments
+
+    path = packaged_config("quickstart.yaml")
+    assert os.path.isfile(path)
+    run, config, _ = TrlParser((RunArguments, GiGPOConfig, ModelConfig)).parse_args_and_config(["--config", path])
+    assert run.method == "gigpo" and run.tiny_model and config.env_name == "frozenlake"
+    assert run.time_budget is not None and run.time_budget < 600
+
+
+def test_wrong_type_on_the_command_line(tmp_path):
+    with pytest.raises(SystemExit):  # argparse: "argument --max_turns: invalid int value: 'ten'"
+        main(["train", "--config", write_config(tmp_path), "--max_turns", "ten"])
+
+
+def test_unknown_method_in_the_config(tmp_path):
+    with pytest.raises(ValueError, match="Unknown method 'gipgo'"):
+        main(["train", "--config", write_config(tmp_path, method="gipgo")])
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(SystemExit, match="config file not found"):
+        main(["train", "--config", str(tmp_path / "nope.yaml")])
+
+
+def test_envs_and_methods_listings(capsys):
+    main(["envs"])
+    listing = capsys.readouterr().out
+    assert "sokoban" in listing and "solver_value" in listing and "frozenlake" in listing
+    main(["methods"])
+    listing = capsys.readouterr().out
+    assert "gigpo" in listing and "GiGPOTrainer" in listing and "rloo" in listing

@@ -1,0 +1,108 @@
+"""Contract test: every TRL behaviour AgentGRPOTrainer relies on, pinned on TRL 1.16.
+
+AgentGRPOTrainer overrides three private methods of GRPOTrainer (`_generate_and_score_completions`,
+`_prepare_inputs`, `_compute_loss`) and calls a few more helpers. When a TRL upgrade changes any of this, a test
+here fails and names what to revisit (trl_groundwork.md §1).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import trl
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer import utils as trl_utils
+
+from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+
+
+def test_trl_is_the_pinned_minor_version():
+    assert trl.__version__.startswith("1.16."), "pyproject pins trl>=1.16,<1.17; re-run this file after bumping"
+
+
+@pytest.mark.parametrize(
+    "method, parameters",
+    [
+        ("_generate_and_score_completions", ["self", "inputs"]),
+        ("_prepare_inputs", ["self", "generation_batch"]),
+        ("_compute_loss", ["self", "model", "inputs"]),
+    ],
+)
+def test_overridden_methods_keep_their_signatures(method, parameters):
+    assert list(inspect.signature(getattr(GRPOTrainer, method)).parameters) == parameters
+
+
+def test_helpers_we_call_exist_with_the_arguments_we_pass():
+    params = inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
+    for name in ["model", "input_ids", "attention_mask", "logits_to_keep", "batch_size"]:
+        assert name in params
+    from trl.models import unwrap_model_for_generation
+    from trl.models.utils import disable_gradient_checkpointing
+
+    params = inspect.signature(unwrap_model_for_generation).parameters
+    assert {"gather_deepspeed3_params", "gradient_checkpointing_kwargs"} <= set(params)
+    assert list(inspect.signature(disable_gradient_checkpointing).parameters) == ["model", "gradient_checkpointing_kwargs"]
+    assert list(inspect.signature(trl_utils.use_adapter).parameters) == ["model", "adapter_name"]
+    assert GRPOTrainer.loss_is_scaled_for_ga is True  # so our auxiliary loss must be divided by the GA steps
+    for name in ["steps_per_generation", "num_iterations", "scale_rewards", "ds3_gather_for_generation",
+                 "chat_template_kwargs", "max_completion_length", "loss_type"]:
+        assert name in GRPOConfig.__dataclass_fields__, name
+
+
+def test_split_tensor_dict_still_drops_the_remainder():
+    # Why AgentGRPOTrainer splits rows itself: TRL floors the chunk size (5 rows, 2 chunks -> 2 + 2).
+    chunks = trl_utils.split_tensor_dict({"x": torch.arange(5)}, 2)
+    assert [len(c["x"]) for c in chunks] == [2, 2]
+
+
+def test_shuffle_keeps_scalars_and_permutes_lists_in_unison():
+    batch = {"x": torch.arange(4), "tags": ["a", "b", "c", "d"], "n": torch.tensor(3.0)}
+    out = trl_utils.shuffle_sequence_dict(batch)
+    assert out["n"].item() == 3.0
+    assert [ "abcd"[i] for i in out["x"].tolist()] == out["tags"]
+
+
+def test_repeat_sampler_hands_out_whole_groups_in_a_row():
+    sampler = trl_utils.RepeatSampler(list(range(10)), mini_repeat_count=4, batch_size=2, repeat_count=1, seed=0)
+    indices = list(sampler)
+    blocks = [indices[i : i + 4] for i in range(0, len(indices), 4)]
+    assert all(len(set(block)) == 1 for block in blocks)
+
+
+def test_grpo_trainer_requires_a_reward_source(tiny_model, tokenizer, tmp_path):
+    # Why AgentGRPOTrainer registers `environment_return` as its reward function.
+    from datasets import Dataset
+
+    config = GRPOConfig(output_dir=str(tmp_path), bf16=False, report_to="none", num_generations=2,
+                        per_device_train_batch_size=2)
+    with pytest.raises(ValueError, match="No reward source"):
+        GRPOTrainer(model=tiny_model, args=config, train_dataset=Dataset.from_list([{"prompt": "x"}]),
+                    processing_class=tokenizer)
+
+
+def test_compute_loss_takes_per_token_advantages_and_the_env_mask(tiny_model, tokenizer, tmp_path):
+    config = AgentGRPOConfig(output_dir=str(tmp_path), env_name="test-keyword", report_to="none",
+                             num_generations=2, per_device_train_batch_size=2, loss_type="dapo")
+    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
+                               processing_class=tokenizer)
+    inputs = {
+        "prompt_ids": torch.tensor([[5, 6, 7], [0, 8, 9]]),
+        "prompt_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        "completion_ids": torch.tensor([[10, 11], [12, 0]]),
+        "completion_mask": torch.tensor([[1, 1], [1, 0]]),
+        "advantages": torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
+        "num_items_in_batch": torch.tensor(3.0),
+    }
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop
+    # On-policy (no old log-probs), the ratio is 1 and dapo's loss is -Σ A·mask / num_items = -(1+2+3)/3.
+    loss = trainer._compute_loss(trainer.model, dict(inputs))
+    assert loss.item() == pytest.approx(-2.0, abs=1e-5)
+    # tool_mask (our env mask) removes tokens from the loss: -(1+3)/2.
+    masked = dict(inputs, tool_mask=torch.tensor([[1, 0], [1, 1]]), num_items_in_batch=torch.tensor(2.0))
+    assert trainer._compute_loss(trainer.model, masked).item() == pytest.approx(-2.0, abs=1e-5)
+    # (B,) advantages are broadcast by TRL; (B, T) are used as they are.
+    scalar = dict(inputs, advantages=torch.tensor([1.0, 3.0]))
+    assert trainer._compute_loss(trainer.model, scalar).item() == pytest.approx(-(1 + 1 + 3) / 3, abs=1e-5)
