@@ -59,10 +59,14 @@ def test_train_writes_checkpoint_trajectories_metrics_eval_and_plot(tmp_path, ca
     printed = capsys.readouterr().out
     assert "held-out success after warm start" in printed and "held-out success after RL" in printed
 
-    main(["eval", "--model_name_or_path", str(out), "--env_name", "frozenlake", "--num_eval_tasks", "4",
-          "--history_length", "0", "--max_turns", "3", "--max_new_tokens", "3", "--output_file", str(tmp_path / "e.json")])
+    agent = json.loads((out / "agent_config.json").read_text())
+    assert agent["env_name"] == "frozenlake" and agent["history_length"] == 0 and agent["max_turns"] == 4
+    # eval reads the prompting settings from agent_config.json: the same held-out tasks give the same greedy result
+    main(["eval", "--model_name_or_path", str(out), "--num_eval_tasks", "8", "--output_file", str(tmp_path / "e.json")])
     evaluated = json.loads((tmp_path / "e.json").read_text())
-    assert evaluated["num_tasks"] == 4 and 0.0 <= evaluated["success_rate"] <= 1.0
+    assert evaluated["num_tasks"] == 8
+    assert evaluated["success_rate"] == results["eval_after_rl"]["success_rate"]
+    assert evaluated["episode_length"] == results["eval_after_rl"]["episode_length"]
 
 
 def test_quickstart_config_is_packaged_and_parses():

@@ -117,3 +117,34 @@ def test_model_by_path_with_a_reference_model(tiny_model_dir, tokenizer, tmp_pat
     trainer = AgentGRPOTrainer(model=tiny_model_dir, args=config, train_dataset=TASKS)
     trainer.train()
     assert any("kl" in h for h in trainer.state.log_history)
+
+
+class SignalTrainer(AgentGRPOTrainer):
+    """A method-variant sketch: a per-row signal added in prepare_signals, used by an auxiliary loss."""
+
+    seen: list[tuple[int, int]] = []
+
+    def prepare_signals(self, batch, groups, output):
+        rows = output["prompt_ids"].shape[0]
+        assert rows == sum(t.num_steps for g in groups for t in g.trajectories)
+        output["teacher_weight"] = torch.full((rows,), 2.0)
+
+    def compute_auxiliary_loss(self, model, inputs):
+        self.seen.append((inputs["teacher_weight"].shape[0], inputs["prompt_ids"].shape[0]))
+        return inputs["teacher_weight"].mean() * 3.0  # 6 per micro-batch, before the accumulation scaling
+
+
+def test_signals_reach_the_auxiliary_loss_scaled_for_accumulation(tiny_model_dir, tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    losses = {}
+    for trainer_class in (AgentGRPOTrainer, SignalTrainer):
+        config = make_config(AgentGRPOConfig, tmp_path / trainer_class.__name__, max_steps=1,
+                             per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=0.0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        trainer = trainer_class(model=model, args=config, train_dataset=TASKS, processing_class=tokenizer)
+        trainer.train()
+        losses[trainer_class] = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+    assert SignalTrainer.seen and all(signal == rows for signal, rows in SignalTrainer.seen)
+    # Two micro-batches each add 6 / 2 (accumulation steps): the logged step loss grows by exactly 6.
+    assert losses[SignalTrainer] - losses[AgentGRPOTrainer] == pytest.approx(6.0, abs=1e-3)

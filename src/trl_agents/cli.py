@@ -2,7 +2,7 @@
 
     trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
-    trl-agents eval --model_name_or_path outputs/quickstart --env_name frozenlake --num_eval_tasks 1000
+    trl-agents eval --model_name_or_path outputs/quickstart --num_eval_tasks 1000   # prompts as trained
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
 
@@ -67,21 +67,25 @@ def train(argv: list[str]) -> dict[str, Any]:
 
 @dataclass
 class EvalArguments:
-    """Arguments of `trl-agents eval`."""
+    """Arguments of `trl-agents eval`. Unset prompting fields come from the checkpoint's `agent_config.json`
+    (written by every trl-agents checkpoint), so a model is evaluated the way it was trained."""
 
     model_name_or_path: str = field(metadata={"help": "Checkpoint directory or Hub model id."})
-    env_name: str = field(metadata={"help": "Environment to evaluate on."})
+    env_name: str | None = field(default=None, metadata={"help": "Environment (default: the checkpoint's)."})
     env_kwargs: str | None = field(default=None, metadata={"help": "Environment constructor arguments (JSON)."})
     split: str = field(default="eval", metadata={"help": "Task split."})
     num_eval_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (None = the whole split)."})
-    max_turns: int = field(default=10, metadata={"help": "Turn budget of an episode."})
-    history_length: int = field(default=2, metadata={"help": "History window of the prompts (as in training)."})
-    system_prompt: str | None = field(default=None, metadata={"help": "System message (as in training)."})
-    max_new_tokens: int = field(default=32, metadata={"help": "Token budget of a turn."})
+    max_turns: int | None = field(default=None, metadata={"help": "Turn budget (default: the checkpoint's, or 10)."})
+    history_length: int | None = field(default=None, metadata={"help": "History window (default: as trained, or 2)."})
+    system_prompt: str | None = field(default=None, metadata={"help": "System message (default: as trained)."})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Token budget of a turn (default: as trained)."})
     greedy: bool = field(default=True, metadata={"help": "Greedy decoding (False: sample at `temperature`)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
     num_samples: int = field(default=1, metadata={"help": "Episodes per task when sampling (reports pass@k)."})
     output_file: str | None = field(default=None, metadata={"help": "Write the results here as JSON."})
+
+
+EVAL_FALLBACKS = {"max_turns": 10, "history_length": 2, "max_completion_length": 32}
 
 
 def evaluate(argv: list[str]) -> dict[str, Any]:
@@ -90,21 +94,34 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
     from .evaluation import evaluate_policy
+    from .trainers.agent_grpo import load_agent_config
 
     (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
+    trained = {**EVAL_FALLBACKS, **load_agent_config(args.model_name_or_path)}
+
+    def setting(value, name):
+        return trained.get(name) if value is None else value
+
+    env_name = setting(args.env_name, "env_name")
+    if env_name is None:
+        raise SystemExit("trl-agents eval: set --env_name (the checkpoint has no agent_config.json to read it from)")
+    env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else trained.get("env_kwargs")
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
     result = evaluate_policy(
         model,
         tokenizer,
-        args.env_name,
+        env_name,
         split=args.split,
         num_tasks=args.num_eval_tasks,
-        env_kwargs=json.loads(args.env_kwargs) if args.env_kwargs else None,
-        max_turns=args.max_turns,
-        history_length=args.history_length,
-        system_prompt=args.system_prompt,
-        max_new_tokens=args.max_new_tokens,
+        env_kwargs=env_kwargs,
+        max_turns=setting(args.max_turns, "max_turns"),
+        history_length=setting(args.history_length, "history_length"),
+        row_format=trained.get("row_format", "step"),
+        system_prompt=setting(args.system_prompt, "system_prompt"),
+        max_new_tokens=setting(args.max_new_tokens, "max_completion_length"),
+        max_prompt_length=trained.get("max_prompt_length"),
+        chat_template_kwargs=trained.get("chat_template_kwargs"),
         greedy=args.greedy,
         temperature=args.temperature,
         num_samples=args.num_samples,

@@ -34,7 +34,6 @@ import logging
 import math
 import os
 import typing
-from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -196,6 +195,36 @@ class AgentGRPOConfig(GRPOConfig):
 
     def _advantage_estimators(self) -> tuple[str, ...]:
         return ADVANTAGE_ESTIMATORS
+
+
+AGENT_CONFIG_NAME = "agent_config.json"
+AGENT_CONFIG_FIELDS = (
+    "env_name",
+    "env_kwargs",
+    "max_turns",
+    "history_length",
+    "row_format",
+    "system_prompt",
+    "max_prompt_length",
+    "max_completion_length",
+    "chat_template_kwargs",
+)
+
+
+def save_agent_config(config: AgentGRPOConfig, directory: str) -> None:
+    """Write the settings that define how the agent sees its environment next to a checkpoint."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, AGENT_CONFIG_NAME), "w") as handle:
+        json.dump({name: getattr(config, name) for name in AGENT_CONFIG_FIELDS}, handle, indent=2)
+
+
+def load_agent_config(directory: str) -> dict[str, Any]:
+    """The settings `save_agent_config` wrote in a checkpoint directory ({} when there are none)."""
+    path = os.path.join(directory, AGENT_CONFIG_NAME)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
 
 
 def _has_other_accelerator() -> bool:
@@ -416,9 +445,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         output = self._pad_rows(rows, device)
         self._add_old_and_ref_logps(output)
         self.prepare_signals(batch, healthy, output)
-        self._log_rollout(batch, healthy, advantages, rows, mode)
+        step_advantages = _step_advantages(batch, advantages)
+        self._log_rollout(batch, step_advantages, rows, mode)
         if self.args.save_trajectories and mode == "train":
-            self._save_trajectories(batch, advantages)
+            self._save_trajectories(batch, step_advantages)
         self._rollout_index += 1
         return output
 
@@ -507,41 +537,46 @@ class AgentGRPOTrainer(GRPOTrainer):
             loss = loss + auxiliary / normalizer
         return loss
 
+    # ---- checkpoints ----------------------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Save as `Trainer` does, plus `agent_config.json`: how the agent is prompted (environment, system prompt,
+        history window, turn budget), so `trl-agents eval` and `load_agent_config` can run the checkpoint as trained."""
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            save_agent_config(self.args, output_dir or self.args.output_dir)
+
     # ---- metrics and records --------------------------------------------------------------------------------------
 
-    def _log_rollout(self, batch: RolloutBatch, healthy: list[Group], advantages, rows: TrainingRows, mode: str):
+    def _log_rollout(self, batch: RolloutBatch, step_advantages: dict, rows: TrainingRows, mode: str) -> None:
+        """Rollout and credit metrics (reduced over processes), and one completions-table entry per episode."""
         trajectories = [t for t in batch.trajectories if not t.failed]
         steps = [s for t in trajectories for s in t.steps]
-        turn_sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        zero_groups = 0
-        zero_std_groups = 0
-        for group, group_advantages in zip(healthy, advantages, strict=True):
-            values = []
-            for trajectory_advantages in group_advantages:
-                for turn, value in enumerate(trajectory_advantages):
-                    scalar = value if isinstance(value, (int, float)) else sum(value) / max(len(value), 1)
-                    turn_sums[turn][0] += scalar
-                    turn_sums[turn][1] += 1
-                    values.append(scalar)
-            if group.trajectories and all(abs(v) < 1e-8 for v in values):
-                zero_groups += 1
-            returns = [t.episode_return for t in group.trajectories]
-            if len(set(returns)) <= 1:
-                zero_std_groups += 1
-        num_groups = max(len(healthy), 1)
+        zero_advantage, zero_std, num_groups = 0, 0, 0
+        by_turn = [[0.0, 0] for _ in range(self.args.max_turns)]
+        for group_index, group in enumerate(batch.groups):
+            healthy = [t for t in group.trajectories if not t.failed]
+            if not healthy:
+                continue
+            per_episode = [step_advantages[(group_index, t.episode_id)] for t in healthy]
+            num_groups += 1
+            zero_advantage += all(abs(v) < 1e-8 for values in per_episode for v in values)
+            zero_std += len({t.episode_return for t in healthy}) <= 1
+            for values in per_episode:
+                for turn, value in enumerate(values[: len(by_turn)]):
+                    by_turn[turn][0] += value
+                    by_turn[turn][1] += 1
         local = {
             "env/success_rate": (sum(t.success for t in trajectories), len(trajectories)),
             "env/episode_length": (sum(t.num_steps for t in trajectories), len(trajectories)),
             "env/episode_return": (sum(t.episode_return for t in trajectories), len(trajectories)),
             "env/valid_action_rate": (sum(s.valid for s in steps), len(steps)),
             "env/failed_episode_rate": (sum(t.failed for t in batch.trajectories), len(batch.trajectories)),
-            "credit/zero_advantage_group_fraction": (zero_groups, num_groups),
-            "frac_reward_zero_std": (zero_std_groups, num_groups),
+            "credit/zero_advantage_group_fraction": (zero_advantage, num_groups),
+            "frac_reward_zero_std": (zero_std, num_groups),
             "train_rows": (len(rows), 1),
+            **{f"credit/advantage_by_turn/{turn}": tuple(pair) for turn, pair in enumerate(by_turn)},
         }
-        for turn in range(self.args.max_turns):
-            total, count = turn_sums.get(turn, (0.0, 0.0))
-            local[f"credit/advantage_by_turn/{turn}"] = (total, count)
         names = sorted(local)
         stats = torch.tensor([local[n] for n in names], dtype=torch.float64, device=self.accelerator.device)
         stats = self.accelerator.reduce(stats, reduction="sum")
@@ -560,38 +595,43 @@ class AgentGRPOTrainer(GRPOTrainer):
             tokens = self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum").item()
             self.state.num_input_tokens_seen += tokens
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
-        for trajectory in trajectories:  # one completions-table entry per episode
-            self._logs["prompt"].append(trajectory.steps[0].observation if trajectory.steps else "")
-            self._logs["completion"].append(" | ".join(s.action_text for s in trajectory.steps))
-            self._logs["rewards"]["environment_return"].append(trajectory.episode_return)
-            self._logs["advantages"].append(0.0)
+        for group_index, group in enumerate(batch.groups):  # one completions-table entry per episode
+            for trajectory in group.trajectories:
+                values = step_advantages.get((group_index, trajectory.episode_id)) or [0.0]
+                self._logs["prompt"].append(trajectory.steps[0].observation if trajectory.steps else "")
+                self._logs["completion"].append(" | ".join(s.action_text for s in trajectory.steps))
+                self._logs["rewards"]["environment_return"].append(trajectory.episode_return)
+                self._logs["advantages"].append(sum(values) / len(values))
 
-    def _save_trajectories(self, batch: RolloutBatch, advantages) -> None:
-        """Append this rollout to output_dir/trajectories as one parquet file (written to a temp name, then renamed,
-        so a crash never leaves a half-written file)."""
-        per_step: dict[tuple[int, int], list] = {}
-        for group_index, (group, group_advantages) in enumerate(
-            zip([g.healthy() for g in batch.groups], advantages, strict=True)
-        ):
-            for trajectory, values in zip(group.trajectories, group_advantages, strict=True):
-                per_step[(group_index, trajectory.episode_id)] = [
-                    float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
-                ]
+    def _save_trajectories(self, batch: RolloutBatch, step_advantages: dict) -> None:
+        """Append this rollout to output_dir/trajectories as one parquet file, one row per step with its advantage
+        (None for failed episodes). Written under a temporary name and then renamed, so a crash never leaves a
+        half-written file."""
         column = []
         for group_index, group in enumerate(batch.groups):
             for trajectory in group.trajectories:
-                values = per_step.get((group_index, trajectory.episode_id))
-                for index in range(max(trajectory.num_steps, 1)):
-                    column.append(values[index] if values and index < len(values) else None)
+                values = step_advantages.get((group_index, trajectory.episode_id))
+                column += values if values and trajectory.steps else [None] * max(trajectory.num_steps, 1)
         directory = os.path.join(self.args.output_dir, "trajectories")
         os.makedirs(directory, exist_ok=True)
         name = f"rollout-{self._rollout_index:05d}-rank{self.accelerator.process_index}.parquet"
-        dataset = batch.to_dataset(
-            extra={"advantage": column, "global_step": [self.state.global_step] * len(column)}
-        )
+        dataset = batch.to_dataset(extra={"advantage": column, "global_step": [self.state.global_step] * len(column)})
         temporary = os.path.join(directory, f".{name}.tmp")
         dataset.to_parquet(temporary)
         os.replace(temporary, os.path.join(directory, name))
+
+
+def _step_advantages(batch: RolloutBatch, advantages) -> dict[tuple[int, int], list[float]]:
+    """(group index, episode id) -> one scalar advantage per step (the mean over tokens for per-token credit), for
+    the healthy episodes that were credited."""
+    scalars = {}
+    for group_index, (group, group_advantages) in enumerate(zip(batch.groups, advantages, strict=True)):
+        healthy = [t for t in group.trajectories if not t.failed]
+        for trajectory, values in zip(healthy, group_advantages, strict=True):
+            scalars[(group_index, trajectory.episode_id)] = [
+                float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
+            ]
+    return scalars
 
 
 @contextlib.contextmanager
