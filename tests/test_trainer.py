@@ -10,6 +10,7 @@ import torch
 from datasets import Dataset
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer, GiGPOConfig, GiGPOTrainer
+from trl_agents.envs import get_env_class, register_env
 
 pytestmark = pytest.mark.slow
 
@@ -148,3 +149,37 @@ def test_signals_reach_the_auxiliary_loss_scaled_for_accumulation(tiny_model_dir
     assert SignalTrainer.seen and all(signal == rows for signal, rows in SignalTrainer.seen)
     # Two micro-batches each add 6 / 2 (accumulation steps): the logged step loss grows by exactly 6.
     assert losses[SignalTrainer] - losses[AgentGRPOTrainer] == pytest.approx(6.0, abs=1e-3)
+
+
+def test_trl_evaluation_loop_runs_episodes(tiny_model, tokenizer, tmp_path):
+    config = make_config(AgentGRPOConfig, tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)
+    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=TASKS, eval_dataset=TASKS[:4],
+                               processing_class=tokenizer)
+    trainer.train()
+    evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
+    assert len(evaluations) == 2 and all(h["eval_env/episode_length"] == 2.0 for h in evaluations)
+    assert len(glob.glob(os.path.join(config.output_dir, "trajectories", "*.parquet"))) == 2  # train rollouts only
+
+
+@register_env
+class CrashOnOddSeeds(get_env_class("test-keyword")):  # the toy env of conftest.py
+    name = "test-crash-odd"
+
+    def reset(self, task):
+        if task["seed"] % 2:
+            raise ConnectionError("simulator unreachable")
+        return super().reset(task)
+
+
+def test_a_rollout_with_fewer_rows_than_micro_batches_still_trains(tiny_model, tokenizer, tmp_path):
+    # 8 episodes, the 4 of seed 1 fail at reset: 4 one-step rows for 8 micro-batches. Filler rows with an empty loss
+    # mask keep every micro-batch (and every process) busy without changing the loss; failures are logged.
+    tasks = [{"env": "test-crash-odd", "seed": s, "length": 1} for s in (0, 1)]
+    config = make_config(AgentGRPOConfig, tmp_path, max_steps=1, per_device_train_batch_size=1,
+                         gradient_accumulation_steps=8, num_generations=4, max_turns=1)
+    trainer = CountingTrainer(model=tiny_model, args=config, train_dataset=tasks, processing_class=tokenizer)
+    CountingTrainer.seen_rows = []
+    trainer.train()
+    assert sorted(trainer.seen_rows) == [0, 0, 0, 0, 1, 1, 1, 1]
+    logs = next(h for h in trainer.state.log_history if "env/failed_episode_rate" in h)
+    assert logs["env/failed_episode_rate"] == 0.5 and logs["train_rows"] == 4

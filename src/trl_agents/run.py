@@ -73,6 +73,11 @@ class RunArguments:
         metadata={"help": "Stop the warm start once greedy validation success reaches this (None = run all steps). "
         "A medium start leaves RL both successes to learn from and room to improve (quickstart_probe.md)."},
     )
+    warm_start_min_steps: int = field(
+        default=0,
+        metadata={"help": "Do not stop the warm start before this many steps, even at the target (a model can reach "
+        "the target early through a shortcut, before it reads the observation)."},
+    )
     warm_start_val_tasks: int = field(
         default=200, metadata={"help": "Training-split tasks, unused as demonstrations, that validate the warm start."}
     )
@@ -198,7 +203,7 @@ def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
     )
     validate = _evaluator(run, config, tokenizer, val_tasks)
     stopper = SuccessStopper(lambda: validate(model)["success_rate"], run.warm_start_eval_every,
-                             run.warm_start_target_success)
+                             run.warm_start_target_success, run.warm_start_min_steps)
     warm_start(
         model,
         tokenizer,

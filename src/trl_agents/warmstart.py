@@ -77,15 +77,19 @@ def solver_demonstrations(
 
 
 class SuccessStopper(TrainerCallback):
-    """Evaluate every `every` steps with `evaluate()` (returns a success rate) and stop at `target` or above.
+    """Evaluate every `every` steps with `evaluate()` (returns a success rate) and stop at `target` or above, but
+    not before `min_steps`.
 
+    The minimum matters: a tiny model can jump to the target early with a shortcut (e.g. always moving down or right
+    on FrozenLake) before it has learned to read the observation, and RL then has little to build on.
     The measured curve is kept in `history` as (step, success) pairs.
     """
 
-    def __init__(self, evaluate: Callable[[], float], every: int, target: float | None):
+    def __init__(self, evaluate: Callable[[], float], every: int, target: float | None, min_steps: int = 0):
         self.evaluate = evaluate
         self.every = max(int(every), 1)
         self.target = target
+        self.min_steps = min_steps
         self.history: list[tuple[int, float]] = []
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -94,7 +98,7 @@ class SuccessStopper(TrainerCallback):
         success = self.evaluate()
         self.history.append((state.global_step, success))
         logger.info("warm start step %d: validation success %.3f", state.global_step, success)
-        if self.target is not None and success >= self.target:
+        if self.target is not None and success >= self.target and state.global_step >= self.min_steps:
             control.should_training_stop = True
         return control
 

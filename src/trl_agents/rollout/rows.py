@@ -133,8 +133,9 @@ def split_rows(batch: dict, num_chunks: int) -> list[dict]:
 
 
 def _trim_padding(chunk: dict) -> dict:
-    prompt_width = int(chunk["prompt_mask"].sum(dim=1).max())
-    completion_width = int(chunk["completion_mask"].sum(dim=1).max())
+    # At least one column: a chunk of loss-masked filler rows (see AgentGRPOTrainer._pad_rows) keeps its shape.
+    prompt_width = max(int(chunk["prompt_mask"].sum(dim=1).max()), 1)
+    completion_width = max(int(chunk["completion_mask"].sum(dim=1).max()), 1)
     for key in PROMPT_KEYS:  # prompts are left-padded
         chunk[key] = chunk[key][:, chunk[key].shape[1] - prompt_width :]
     for key in COMPLETION_KEYS:  # completions are right-padded

@@ -37,6 +37,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import pyarrow.parquet as pq
 import torch
 from datasets import Dataset, IterableDataset
 from trl import GRPOConfig, GRPOTrainer
@@ -387,7 +388,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def prepare_signals(self, batch: RolloutBatch, groups: list[Group], output: dict[str, Any]) -> None:
         """Add extra per-row tensors to the training batch `output` (e.g. teacher log-probs under a privileged
-        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order."""
+        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order; when a
+        rollout yields fewer rows than micro-batches, loss-masked copies of row 0 follow them."""
 
     # ---- rollout and scoring --------------------------------------------------------------------------------------
 
@@ -456,11 +458,13 @@ class AgentGRPOTrainer(GRPOTrainer):
         # A rollout may yield fewer rows than micro-batches (e.g. most episodes crashed); repeat rows with a zero
         # loss mask so every micro-batch is non-empty and every process runs the same number of backward passes.
         num_chunks = self.args.steps_per_generation if self.model.training else 1
-        loss_mask_rows = [1] * len(rows)
-        while len(rows) < num_chunks:
-            for name in ("prompt_ids", "completion_ids", "env_mask", "advantages", "sampling_logprobs"):
-                getattr(rows, name).append(list(getattr(rows, name)[0]))
-            loss_mask_rows.append(0)
+        fillers = max(num_chunks - len(rows), 0)
+
+        def with_fillers(values):
+            return values + [values[0]] * fillers
+
+        loss_mask_rows = [1] * len(rows) + [0] * fillers
+        rows = TrainingRows(**{f.name: with_fillers(getattr(rows, f.name)) for f in fields(rows)})
 
         pad_id = self._tokenizer.pad_token_id
 
@@ -617,7 +621,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         name = f"rollout-{self._rollout_index:05d}-rank{self.accelerator.process_index}.parquet"
         dataset = batch.to_dataset(extra={"advantage": column, "global_step": [self.state.global_step] * len(column)})
         temporary = os.path.join(directory, f".{name}.tmp")
-        dataset.to_parquet(temporary)
+        pq.write_table(dataset.data.table, temporary)  # (datasets' to_parquet draws a progress bar per file)
         os.replace(temporary, os.path.join(directory, name))
 
 
