@@ -33,7 +33,18 @@ _LAZY = {
     "RolloutBatch": "trajectory",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "METHODS",
+    "AgentGRPOConfig",
+    "AgentGRPOTrainer",
+    "GiGPOConfig",
+    "GiGPOTrainer",
+    "Group",
+    "RolloutBatch",
+    "Step",
+    "Trajectory",
+    "get_method",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -261,7 +261,7 @@ def _as_dict(value, name: str) -> dict[str, Any]:
         except json.JSONDecodeError as err:
             raise ValueError(f"{name} must be a JSON object, got {value!r}") from err
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a dict, got {value!r}")
+        raise TypeError(f"{name} must be a dict, got {value!r}")
     return dict(value)
 
 
