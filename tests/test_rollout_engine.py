@@ -140,6 +140,9 @@ def test_invalid_actions_are_recorded(tokenizer, scripted):
     steps = batch.trajectories[0].steps
     assert [s.valid for s in steps] == [False, False, False]
     assert steps[1].observation.startswith("Invalid action")
+    generator = scripted(lambda *a: "jump")
+    make_engine(generator, tokenizer, max_turns=2, history_length=1).run(TASKS[:1], 1)
+    assert "Action: jump" in tokenizer.decode(generator.calls[1][0])  # the raw answer when nothing parsed
 
 
 @register_env

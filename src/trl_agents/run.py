@@ -102,26 +102,27 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
 
     train_tasks = env_cls.task_split(run.train_split, run.num_train_tasks, **config.env_kwargs)
     eval_tasks = env_cls.task_split(run.eval_split, run.num_eval_tasks, **config.env_kwargs)
-    model, tokenizer, model_path = _load_model(run, config, model_args)
+    model, tokenizer, model_ref = _load_model(run, config, model_args)
 
     results: dict[str, Any] = {"method": run.method, "env": config.env_name, "seed": config.seed}
     metrics: dict[str, Any] = {}
     if run.warm_start_steps > 0:
-        model_path, metrics["warm_start"] = _warm_start(run, config, model, tokenizer, train_tasks)
-    evaluate = _evaluator(run, config, tokenizer, eval_tasks)
-    results["eval_before_rl"] = evaluate(model)
-    _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
+        model_ref, metrics["warm_start"] = _warm_start(run, config, model, tokenizer, train_tasks)
+    del model  # the trainer loads the model from `model_ref` (a path or Hub id) onto its device
 
-    # Hand the trainer a path when we have one: TRL re-creates the reference model (beta > 0) from it.
+    # A path or Hub id, never an in-memory model: TRL re-creates the reference model (beta > 0) from it.
     callbacks = [TimeBudgetCallback(run.time_budget)] if run.time_budget else []
     trainer = method.trainer_class(
-        model=model_path or model,
+        model=model_ref,
         args=config,
         train_dataset=train_tasks,
         processing_class=tokenizer,
         callbacks=callbacks,
         peft_config=_peft_config(model_args),
     )
+    evaluate = _evaluator(run, config, tokenizer, eval_tasks)
+    results["eval_before_rl"] = evaluate(trainer.model)
+    _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
     rl_started = time.monotonic()
     trainer.train()
     results["rl_seconds"] = time.monotonic() - rl_started
@@ -145,7 +146,8 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
 
 
 def _load_model(run: RunArguments, config, model_args):
-    """(model, tokenizer, path or None): a Hub id / local path, or the tiny offline model saved under output_dir."""
+    """(model or None, tokenizer, path or Hub id). The tiny offline model is built and saved under output_dir; a Hub
+    or local model is loaded here only when the warm start needs its weights (the trainer loads it otherwise)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if run.tiny_model:
@@ -171,8 +173,9 @@ def _load_model(run: RunArguments, config, model_args):
             f"The tokenizer of {name!r} has no chat template, and trl-agents renders every turn as a chat. Use an "
             "instruct model, or save a tokenizer with a chat template next to the model."
         )
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
-    model = AutoModelForCausalLM.from_pretrained(name, revision=model_args.model_revision, dtype=dtype)
+    init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype or "auto"}
+    config.model_init_kwargs = {**init_kwargs, **(config.model_init_kwargs or {})}  # how the trainer loads it
+    model = AutoModelForCausalLM.from_pretrained(name, **config.model_init_kwargs) if run.warm_start_steps > 0 else None
     return model, tokenizer, name
 
 

@@ -226,7 +226,8 @@ class RolloutEngine:
         trajectory = episode.trajectory
         trajectory.steps.append(step)
         trajectory.success = bool(info.get(INFO_SUCCESS, False))
-        episode.history.append((episode.observation, str(info.get("action", text.strip()))))
+        # History shows the env's canonical action when it has one (verl-agent stores the parsed action).
+        episode.history.append((episode.observation, str(info.get("action") or text.strip())))
         episode.observation = observation
         if done or len(trajectory.steps) >= self.max_turns:
             episode.finished = True
