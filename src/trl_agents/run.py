@@ -127,8 +127,7 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     trainer.train()
     results["rl_seconds"] = time.monotonic() - rl_started
     results["rl_steps"] = trainer.state.global_step
-    trained = trainer.model
-    results["eval_after_rl"] = evaluate(trained)
+    results["eval_after_rl"] = evaluate(trainer.model)
     _print_eval("after RL", results["eval_after_rl"])
     gain = results["eval_after_rl"]["success_rate"] - results["eval_before_rl"]["success_rate"]
     results["success_gain_points"] = 100 * gain
