@@ -94,7 +94,7 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
     from .evaluation import evaluate_policy
-    from .trainers.agent_grpo import load_agent_config
+    from .trainers.agent_grpo import as_dict, load_agent_config
 
     (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
     trained = {**EVAL_FALLBACKS, **load_agent_config(args.model_name_or_path)}
@@ -105,7 +105,7 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     env_name = setting(args.env_name, "env_name")
     if env_name is None:
         raise SystemExit("trl-agents eval: set --env_name (the checkpoint has no agent_config.json to read it from)")
-    env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else trained.get("env_kwargs")
+    env_kwargs = as_dict(args.env_kwargs, "env_kwargs") if args.env_kwargs else trained.get("env_kwargs")
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
     result = evaluate_policy(

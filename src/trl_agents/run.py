@@ -35,6 +35,7 @@ from .callbacks import TimeBudgetCallback
 from .envs import get_env_class
 from .evaluation import evaluate_policy
 from .trainers import get_method
+from .trainers.agent_grpo import as_dict
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def _load_model(run: RunArguments, config, model_args):
     if run.tiny_model:
         from .testing import build_tiny_model, build_tiny_tokenizer, env_corpus
 
-        sizes = _as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
+        sizes = as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
         vocab_size = sizes.pop("vocab_size", 512)
         corpus = env_corpus(config.env_name, seed=config.seed, **config.env_kwargs)
         if config.system_prompt:
@@ -252,19 +253,6 @@ def _print_eval(label: str, result: dict[str, Any]) -> None:
         f"[trl-agents] held-out success {label}: {result['success_rate']:.3f} on {result['num_tasks']} tasks "
         f"(mean length {result['episode_length']:.2f}, valid actions {result['valid_action_rate']:.3f})"
     )
-
-
-def _as_dict(value, name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{name} must be a JSON object, got {value!r}") from err
-    if not isinstance(value, dict):
-        raise TypeError(f"{name} must be a dict, got {value!r}")
-    return dict(value)
 
 
 def _write_json(path: str, data: Any) -> None:

@@ -142,12 +142,7 @@ class AgentGRPOConfig(GRPOConfig):
             if self.bf16 is None and not self.fp16:
                 self.bf16 = False
             self.dataloader_pin_memory = False  # nothing to pin to; avoids a warning per dataloader
-        if isinstance(self.env_kwargs, str):
-            try:
-                self.env_kwargs = json.loads(self.env_kwargs)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"env_kwargs must be a dict or a JSON object string, got {self.env_kwargs!r}") from err
-        self.env_kwargs = dict(self.env_kwargs or {})
+        self.env_kwargs = as_dict(self.env_kwargs, "env_kwargs")
         check_field_types(self, self._agent_field_names())
         _check_choice("row_format", self.row_format, ROW_FORMATS)
         _check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
@@ -226,6 +221,20 @@ def load_agent_config(directory: str) -> dict[str, Any]:
         return {}
     with open(path) as handle:
         return json.load(handle)
+
+
+def as_dict(value: dict | str | None, name: str) -> dict[str, Any]:
+    """A dict-valued option given as a dict, a JSON object string (command line) or None (empty)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}") from err
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict or a JSON object string, got {value!r}")
+    return dict(value)
 
 
 def _has_other_accelerator() -> bool:
@@ -447,8 +456,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         output = self._pad_rows(rows, device)
         self._add_old_and_ref_logps(output)
         self.prepare_signals(batch, healthy, output)
-        step_advantages = _step_advantages(batch, advantages)
-        self._log_rollout(batch, step_advantages, rows, mode)
+        step_advantages = _step_advantages(healthy, advantages)
+        self._log_rollout(batch, healthy, step_advantages, rows, mode)
         if self.args.save_trajectories and mode == "train":
             self._save_trajectories(batch, step_advantages)
         self._rollout_index += 1
@@ -552,20 +561,21 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     # ---- metrics and records --------------------------------------------------------------------------------------
 
-    def _log_rollout(self, batch: RolloutBatch, step_advantages: dict, rows: TrainingRows, mode: str) -> None:
+    def _log_rollout(
+        self, batch: RolloutBatch, healthy: list[Group], step_advantages: dict, rows: TrainingRows, mode: str
+    ) -> None:
         """Rollout and credit metrics (reduced over processes), and one completions-table entry per episode."""
-        trajectories = [t for t in batch.trajectories if not t.failed]
+        trajectories = [t for group in healthy for t in group.trajectories]
         steps = [s for t in trajectories for s in t.steps]
         zero_advantage, zero_std, num_groups = 0, 0, 0
         by_turn = [[0.0, 0] for _ in range(self.args.max_turns)]
-        for group_index, group in enumerate(batch.groups):
-            healthy = [t for t in group.trajectories if not t.failed]
-            if not healthy:
+        for group_index, group in enumerate(healthy):
+            if not group.trajectories:
                 continue
-            per_episode = [step_advantages[(group_index, t.episode_id)] for t in healthy]
+            per_episode = [step_advantages[(group_index, t.episode_id)] for t in group.trajectories]
             num_groups += 1
             zero_advantage += all(abs(v) < 1e-8 for values in per_episode for v in values)
-            zero_std += len({t.episode_return for t in healthy}) <= 1
+            zero_std += len({t.episode_return for t in group.trajectories}) <= 1
             for values in per_episode:
                 for turn, value in enumerate(values[: len(by_turn)]):
                     by_turn[turn][0] += value
@@ -625,13 +635,12 @@ class AgentGRPOTrainer(GRPOTrainer):
         os.replace(temporary, os.path.join(directory, name))
 
 
-def _step_advantages(batch: RolloutBatch, advantages) -> dict[tuple[int, int], list[float]]:
+def _step_advantages(healthy: list[Group], advantages) -> dict[tuple[int, int], list[float]]:
     """(group index, episode id) -> one scalar advantage per step (the mean over tokens for per-token credit), for
-    the healthy episodes that were credited."""
+    the healthy episodes that were credited (`healthy[g]` is `batch.groups[g].healthy()`)."""
     scalars = {}
-    for group_index, (group, group_advantages) in enumerate(zip(batch.groups, advantages, strict=True)):
-        healthy = [t for t in group.trajectories if not t.failed]
-        for trajectory, values in zip(healthy, group_advantages, strict=True):
+    for group_index, (group, group_advantages) in enumerate(zip(healthy, advantages, strict=True)):
+        for trajectory, values in zip(group.trajectories, group_advantages, strict=True):
             scalars[(group_index, trajectory.episode_id)] = [
                 float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
             ]
