@@ -1,8 +1,17 @@
-"""Shared test fixtures: offline settings, a tiny tokenizer/model, a scripted generator and a toy text env."""
+"""Shared test fixtures: offline settings, a temporary HOME, a tiny tokenizer/model, a scripted generator and a toy
+text env.
+
+HOME is pointed at a temporary directory before anything else is imported: some third-party environments
+(alfworld, textworld, matplotlib) write into $HOME on import or use, and tests must not.
+"""
 
 from __future__ import annotations
 
 import os
+import tempfile
+
+os.environ["HOME"] = tempfile.mkdtemp(prefix="trl-agents-test-home-")
+os.environ.pop("TRL_AGENTS_CACHE", None)  # environment caches go under the temporary HOME too
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -114,3 +123,48 @@ def scripted(tokenizer):
 @pytest.fixture
 def rng():
     return random.Random(0)
+
+
+@pytest.fixture
+def train_one_iteration(tiny_model, tokenizer, tmp_path):
+    """Run one AgentGRPOTrainer iteration on `env_name` with the tiny model; returns the trainer.
+
+    Usage: `trainer = train_one_iteration("minesweeper", tasks, env_kwargs={...}, max_turns=3)`. Each task row is
+    played by 2 episodes; extra keyword arguments override the AgentGRPOConfig fields.
+    """
+    from datasets import Dataset
+
+    from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+
+    def run(env_name, tasks, env_kwargs=None, **overrides):
+        rows = [{"env": env_name, **task} for task in tasks]
+        values = dict(
+            output_dir=str(tmp_path / f"out-{env_name}"),
+            env_name=env_name,
+            env_kwargs=env_kwargs or {},
+            max_steps=1,
+            per_device_train_batch_size=2 * len(rows),
+            gradient_accumulation_steps=1,
+            num_generations=2,
+            max_completion_length=8,
+            max_turns=2,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            gradient_checkpointing=False,
+            disable_tqdm=True,
+            seed=0,
+        )
+        values.update(overrides)
+        trainer = AgentGRPOTrainer(
+            model=tiny_model, args=AgentGRPOConfig(**values), train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        assert trainer.state.global_step == 1
+        logs = [h for h in trainer.state.log_history if "env/success_rate" in h]
+        assert logs and logs[0]["train_rows"] > 0, logs
+        return trainer
+
+    return run

@@ -1,18 +1,24 @@
 """Environments: the `AgentEnv` contract, the registry, and the built-in environments (one file each)."""
 
-from .base import INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
+from .base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
+from .cache import cache_dir
 from .registry import get_env_class, list_envs, make_env, register_env
+from .replay import ReplaySnapshot, replay_snapshots
 
 # Built-in environments register themselves on import.
 from . import frozenlake, sokoban  # noqa: F401  isort: skip
 
 __all__ = [
+    "INFO_ROLE_REWARDS",
     "INFO_SUCCESS",
     "INFO_VALID",
     "AgentEnv",
     "VerifierAtom",
+    "cache_dir",
     "get_env_class",
     "list_envs",
     "make_env",
     "register_env",
+    "replay_snapshots",
+    "ReplaySnapshot",
 ]

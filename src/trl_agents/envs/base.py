@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 # Keys with a fixed meaning in the `info` dict returned by `step()`.
 INFO_VALID = "valid"  # bool: the action was parsed and applied (default True)
 INFO_SUCCESS = "success"  # bool: the task is solved (read at the last step of an episode)
+INFO_ROLE_REWARDS = "role_rewards"  # dict role -> reward, at the end of an episode of a two-agent environment
 
 
 @dataclass
@@ -99,6 +100,14 @@ class AgentEnv(abc.ABC):
     def admissible_actions(self) -> list[str] | None:
         """The actions valid in the current state, when the environment can enumerate them."""
         return None
+
+    def current_role(self) -> str:
+        """The role that takes the next `step()` in environments with `roles` (empty string otherwise).
+
+        Two-agent environments return each observation from the point of view of the role that acts next, and put
+        every role's reward in `info["role_rewards"]` (a dict role -> float) when the episode ends.
+        """
+        return self.roles[0] if self.roles else ""
 
     def close(self) -> None:
         """Release external resources (processes, servers). Called once the environment is no longer needed."""
