@@ -1,6 +1,8 @@
-"""Action parsing shared by the grid environments (Sokoban, FrozenLake).
+"""Action parsing shared by the environments: where the answer is in a completion, and grid moves.
 
 Example:
+    >>> extract_answer("<think>maybe reveal 1 1</think>```reveal 2 3```")
+    'reveal 2 3'
     >>> parse_direction("<think>the box is above me</think><action>Up</action>")
     'up'
     >>> parse_direction("up or down") is None
@@ -23,6 +25,29 @@ _WRAPPED = re.compile(r"<action>(.*?)</action>|```(.*?)```", re.IGNORECASE | re.
 _THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
 
 
+def extract_answer(text: str) -> str:
+    """The part of a model's raw output that holds its answer, stripped.
+
+    That is the content of the last `<action>...</action>` block or ``` fenced block when the text has one (a
+    fence's language tag line such as ```text is dropped), otherwise the whole text with complete
+    `<think>...</think>` blocks removed. Every environment parses its action syntax from this region.
+    """
+    if not isinstance(text, str):
+        return ""
+    # Pick the block that starts last, whichever of the two kinds it is (the model's final answer).
+    blocks = list(_WRAPPED.finditer(text))
+    if not blocks:
+        return _THINK.sub(" ", text).strip()
+    last = blocks[-1]
+    if last.group(1) is not None:
+        return last.group(1).strip()
+    fenced = last.group(2)
+    first_line, newline, rest = fenced.partition("\n")
+    if newline and rest.strip() and re.fullmatch(r"[A-Za-z0-9_+-]*", first_line.strip()):
+        fenced = rest  # ```text\nUp\n``` -> "Up"
+    return fenced.strip()
+
+
 def parse_direction(text: str) -> str | None:
     """Parse one move from a model's raw output.
 
@@ -38,12 +63,5 @@ def parse_direction(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    # Pick the block that starts last, whichever of the two kinds it is (the model's final answer).
-    blocks = list(_WRAPPED.finditer(text))
-    if blocks:
-        last = blocks[-1]
-        region = last.group(1) if last.group(1) is not None else last.group(2)
-    else:
-        region = _THINK.sub(" ", text)
-    found = {word.lower() for word in _DIRECTION_WORD.findall(region)}
+    found = {word.lower() for word in _DIRECTION_WORD.findall(extract_answer(text))}
     return found.pop() if len(found) == 1 else None
