@@ -88,7 +88,7 @@ def test_wrong_type_on_the_command_line(tmp_path):
 
 
 def test_unknown_method_in_the_config(tmp_path):
-    with pytest.raises(ValueError, match="Unknown method 'gipgo'"):
+    with pytest.raises(SystemExit, match="trl-agents train: error: Unknown method 'gipgo'"):
         main(["train", "--config", write_config(tmp_path, method="gipgo")])
 
 
@@ -104,3 +104,12 @@ def test_envs_and_methods_listings(capsys):
     main(["methods"])
     listing = capsys.readouterr().out
     assert "gigpo" in listing and "GiGPOTrainer" in listing and "rloo" in listing
+
+
+def test_envs_detail_and_unknown_name(capsys):
+    main(["envs", "frozenlake"])
+    detail = capsys.readouterr().out
+    assert "capabilities: optimal_plan, restore, snapshot, solver_value, state_key" in detail
+    assert "splits: train, eval" in detail and "instructions shown to the policy" in detail
+    with pytest.raises(SystemExit, match="Did you mean 'sokoban'"):
+        main(["envs", "sokobn"])

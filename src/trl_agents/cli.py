@@ -133,12 +133,48 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     return result
 
 
-def list_envs() -> None:
+def list_envs(argv: list[str] | None = None) -> None:
+    """`trl-agents envs`: every registered environment with its capabilities and what it needs;
+    `trl-agents envs NAME`: one environment in detail (instructions, task keys, splits, README)."""
+    from .envs import get_env_class
     from .envs import list_envs as registered
 
-    for name, cls in registered().items():
-        capabilities = ", ".join(sorted(cls.capabilities())) or "-"
-        print(f"{name:<14} {cls.__module__}.{cls.__name__:<16} capabilities: {capabilities}")
+    parser = argparse.ArgumentParser(prog="trl-agents envs", description=list_envs.__doc__)
+    parser.add_argument("name", nargs="?", help="show one environment in detail")
+    args = parser.parse_args(argv or [])
+    if args.name is None:
+        print(f"{'name':<18} {'capabilities':<62} needs")
+        for name, cls in registered().items():
+            capabilities = ", ".join(sorted(cls.capabilities())) or "-"
+            missing = cls.missing_requirements()
+            needs = "-" if not cls.requires else ", ".join(cls.requires) + (
+                f"  (missing: {', '.join(missing)}; pip install 'trl-agents[envs]')" if missing else ""
+            )
+            print(f"{name:<18} {capabilities:<62} {needs}")
+        return
+    cls = get_env_class(args.name)
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+    print(f"{cls.name}  ({cls.__module__}.{cls.__name__})")
+    if doc:
+        print(doc)
+    print(f"capabilities: {', '.join(sorted(cls.capabilities())) or '-'}")
+    if cls.roles:
+        print(f"roles: {', '.join(cls.roles)}")
+    print(f"task keys: {', '.join(cls.task_keys) or '-'}")
+    print(f"requires: {', '.join(cls.requires) or '-'}" + (
+        f" (missing: {', '.join(cls.missing_requirements())})" if cls.missing_requirements() else ""))
+    splits = [split for split in ("train", "eval", "unseen") if _has_split(cls, split)]
+    print(f"splits: {', '.join(splits) or '-'}")
+    print(f"README: envs/{cls.name.replace('-', '_')}/README.md in the repository")
+    print("instructions shown to the policy:")
+    print("  " + cls.instructions.replace("\n", "\n  "))
+
+
+def _has_split(cls, split: str) -> bool:
+    try:
+        return bool(cls.task_split(split, 1))
+    except (NotImplementedError, ValueError, ImportError, FileNotFoundError):
+        return False
 
 
 def list_methods() -> None:
@@ -160,10 +196,17 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2)
         parser.parse_args(argv[:1])
     command, rest = argv[0], argv[1:]
-    if command in ("envs", "methods"):
-        commands[command]()
-    else:
-        commands[command](rest)
+    try:
+        if command == "methods":
+            commands[command]()
+        else:
+            commands[command](rest)
+    except ValueError as err:
+        # Our validation errors name the field and the fix; a traceback would only bury that. TRL_AGENTS_DEBUG=1
+        # shows it anyway.
+        if os.environ.get("TRL_AGENTS_DEBUG"):
+            raise
+        raise SystemExit(f"trl-agents {command}: error: {err}") from None
 
 
 if __name__ == "__main__":

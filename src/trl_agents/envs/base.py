@@ -65,12 +65,15 @@ class AgentEnv(abc.ABC):
         roles: Names of the agents that act in turn; empty for single-agent environments.
         task_keys: A task row must hold at least one of these keys (e.g. `("seed", "layout")`); checked when a
             trainer receives its dataset, so a row without a task fails with a clear message up front.
+        requires: Python packages (import names) the environment needs beyond trl-agents' own dependencies; they
+            come with the `envs` extra. `missing_requirements()` says which are absent.
     """
 
     name: ClassVar[str] = ""
     instructions: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ()
     task_keys: ClassVar[tuple[str, ...]] = ()
+    requires: ClassVar[tuple[str, ...]] = ()
 
     _CAPABILITY_METHODS: ClassVar[tuple[str, ...]] = (
         "snapshot",
@@ -153,6 +156,13 @@ class AgentEnv(abc.ABC):
         if cls.roles:
             found.add("roles")
         return frozenset(found)
+
+    @classmethod
+    def missing_requirements(cls) -> list[str]:
+        """The packages in `requires` that cannot be imported here (empty when the environment can run)."""
+        import importlib.util
+
+        return [name for name in cls.requires if importlib.util.find_spec(name) is None]
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities()
