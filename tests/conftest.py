@@ -10,8 +10,31 @@ from __future__ import annotations
 import os
 import tempfile
 
+_REAL_HOME = os.environ.get("HOME", "")
 os.environ["HOME"] = tempfile.mkdtemp(prefix="trl-agents-test-home-")
 os.environ.pop("TRL_AGENTS_CACHE", None)  # environment caches go under the temporary HOME too
+
+
+def _home_entries() -> set[str]:
+    """Top-level entries of the real HOME and of its .cache (where third-party envs would write)."""
+    entries = set()
+    for folder in (_REAL_HOME, os.path.join(_REAL_HOME, ".cache")):
+        if folder and os.path.isdir(folder):
+            entries |= {os.path.join(folder, name) for name in os.listdir(folder)}
+    return entries
+
+
+_HOME_BEFORE = _home_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if anything appeared in the real HOME: environments must write only to their cache dir."""
+    new = sorted(_home_entries() - _HOME_BEFORE)
+    if new:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"FAILED: the test run wrote into the real HOME: {new}", red=True
+        )
+        session.exitstatus = 1
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
