@@ -6,7 +6,7 @@ from .registry import get_env_class, list_envs, make_env, register_env
 from .replay import ReplaySnapshot, replay_snapshots
 
 # Built-in environments register themselves on import.
-from . import dealnodeal, frozenlake, minesweeper, rushhour, searchqa, sokoban, webshop  # noqa: F401  isort: skip
+from . import alfworld, dealnodeal, frozenlake, minesweeper, rushhour, searchqa, sokoban, webshop  # noqa: F401  isort: skip
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [
