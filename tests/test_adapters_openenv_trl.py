@@ -118,6 +118,15 @@ def test_check_env_on_the_openenv_client(sokoban_server):
     assert OpenEnvClient.capabilities() == frozenset()
 
 
+def test_replay_snapshots_give_a_deterministic_server_snapshots(sokoban_server):
+    from trl_agents.envs import replay_snapshots
+
+    ReplayedClient = replay_snapshots(OpenEnvClient)
+    task = {"seed": 12}
+    report = check_env(lambda: ReplayedClient(base_url=sokoban_server.base_url), task, expert_actions=solver_plan(task))
+    assert "snapshot_restore" in report and ReplayedClient.capabilities() == {"snapshot", "restore"}
+
+
 def test_sessions_are_isolated_and_rows_may_name_the_server(sokoban_server):
     first, second = make_env("openenv"), make_env("openenv", base_url="http://127.0.0.1:9")  # row url wins
     try:

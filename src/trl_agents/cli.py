@@ -143,14 +143,14 @@ def list_envs(argv: list[str] | None = None) -> None:
     parser.add_argument("name", nargs="?", help="show one environment in detail")
     args = parser.parse_args(argv or [])
     if args.name is None:
-        print(f"{'name':<18} {'capabilities':<76} needs")
+        print(f"{'name':<18} {'capabilities':<92} needs")
         for name, cls in registered().items():
             capabilities = ", ".join(sorted(cls.capabilities())) or "-"
             missing = cls.missing_requirements()
             needs = "-" if not cls.requires else ", ".join(cls.requires) + (
                 f"  (missing: {', '.join(missing)}; pip install 'trl-agents[envs]')" if missing else ""
             )
-            print(f"{name:<18} {capabilities:<76} {needs}")
+            print(f"{name:<18} {capabilities:<92} {needs}")
         return
     cls = get_env_class(args.name)
     doc = (cls.__doc__ or "").strip().split("\n\n")[0]
@@ -173,7 +173,7 @@ def list_envs(argv: list[str] | None = None) -> None:
 def _has_split(cls, split: str) -> bool:
     try:
         return bool(cls.task_split(split, 1))
-    except (NotImplementedError, ValueError, ImportError, FileNotFoundError):
+    except (NotImplementedError, ValueError, ImportError, FileNotFoundError, RuntimeError):
         return False
 
 

@@ -6,7 +6,10 @@ from .registry import get_env_class, list_envs, make_env, register_env
 from .replay import ReplaySnapshot, replay_snapshots
 
 # Built-in environments register themselves on import.
-from . import alfworld, dealnodeal, frozenlake, minesweeper, rushhour, searchqa, sokoban, webshop  # noqa: F401  isort: skip
+from . import (  # noqa: F401  isort: skip
+    alfworld, dealnodeal, frozenlake, minesweeper, rushhour, scienceworld, searchqa, sokoban, textcraft, textworld,
+    webshop,
+)
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [
