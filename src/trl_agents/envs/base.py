@@ -175,3 +175,24 @@ class AgentEnv(abc.ABC):
         Subclasses with seeded tasks implement it; the default says the env has no built-in splits.
         """
         raise NotImplementedError(f"environment {cls.name!r} has no built-in task splits")
+
+    # Seeded splits: subclasses that set these can build their rows with `seeded_split` (disjoint seed ranges).
+    SPLIT_SEED_START: ClassVar[dict[str, int]] = {}
+    SPLIT_DEFAULT_COUNT: ClassVar[dict[str, int]] = {}
+    _MAX_SPLIT_COUNT: ClassVar[int] = 1_000_000  # the gap between split seed ranges
+
+    @classmethod
+    def seeded_split(cls, split: str, count: int | None, id_prefix: str | None = None, **fields: Any) -> list[dict]:
+        """Rows `{"env", "seed", "task_id", **fields}` for seeds `SPLIT_SEED_START[split]` onwards (`count` of them,
+        default `SPLIT_DEFAULT_COUNT[split]`); task ids read `<id_prefix or name>-<split>-<seed>`."""
+        from .validation import check_int
+
+        if split not in cls.SPLIT_SEED_START:
+            raise ValueError(f"Unknown {cls.name} split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
+        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else check_int("count", count, 0, cls._MAX_SPLIT_COUNT)
+        start = cls.SPLIT_SEED_START[split]
+        prefix = id_prefix or cls.name
+        return [
+            {"env": cls.name, "seed": seed, "task_id": f"{prefix}-{split}-{seed}", **fields}
+            for seed in range(start, start + count)
+        ]

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from .base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import extract_answer
 from .registry import register_env
+from .validation import check_int
 
 ITEMS: tuple[str, ...] = ("book", "hat", "ball")
 ROLES: tuple[str, ...] = ("alice", "bob")  # alice is OpenSpiel's player 0 and always speaks first
@@ -358,11 +359,11 @@ class DealOrNoDeal(AgentEnv):
             raise ValueError(f"`partner_threshold` must be in [0, 1], got {partner_threshold!r}")
         self.opponent = opponent
         self.agent_role = agent_role
-        self.max_turns = _check_int("max_turns", max_turns, 2)  # an offer and its acceptance
+        self.max_turns = check_int("max_turns", max_turns, 2)  # an offer and its acceptance
         self.normalize_rewards = normalize_rewards
         self.self_play_reward = self_play_reward
         self.partner_threshold = float(partner_threshold)
-        self.max_message_chars = _check_int("max_message_chars", max_message_chars, 0)
+        self.max_message_chars = check_int("max_message_chars", max_message_chars, 0)
         self._instance: DealInstance | None = None
         self._game = _Game()
 
@@ -629,7 +630,7 @@ class DealOrNoDeal(AgentEnv):
         cls(**env_kwargs)  # validate the environment arguments now
         if source == "auto":
             source = "openspiel" if _openspiel_available() else "sampled"
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
+        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else check_int("count", count, 0)
         if source == "openspiel":
             indices = cls.SPLIT_INSTANCE_RANGES[split]
             if count > len(indices):
@@ -698,8 +699,3 @@ def _openspiel_available() -> bool:
 
     return importlib.util.find_spec("pyspiel") is not None
 
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return int(value)

@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import random
 import re
 from collections import defaultdict
@@ -41,6 +40,7 @@ from typing import Any, ClassVar, NamedTuple
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import extract_answer
 from .registry import register_env
+from .validation import check_int
 
 # Symbols of the rendered board (CAST's minesweeper_env).
 UNREVEALED, FLAG, MINE = ".", "F", "*"
@@ -474,20 +474,11 @@ def generate_board(
 # ---- argument checks ---------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    # numbers.Integral also admits numpy integers, which task rows read back from a dataset may hold.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"`{name}` must be an integer <= {maximum}, got {value!r}")
-    return int(value)
-
-
 def _check_settings(rows: Any, cols: Any, num_mines: Any, no_guess: Any) -> dict[str, Any]:
-    rows = _check_int("rows", rows, MIN_SIDE, MAX_SIDE)
-    cols = _check_int("cols", cols, MIN_SIDE, MAX_SIDE)
+    rows = check_int("rows", rows, MIN_SIDE, MAX_SIDE)
+    cols = check_int("cols", cols, MIN_SIDE, MAX_SIDE)
     # At least one safe cell outside the 3x3 zone of the first click, so the first click never has to clear it all.
-    num_mines = _check_int("num_mines", num_mines, 1, rows * cols - 10)
+    num_mines = check_int("num_mines", num_mines, 1, rows * cols - 10)
     if no_guess not in (True, False):
         raise ValueError(f"`no_guess` must be a bool, got {no_guess!r}")
     return {"rows": rows, "cols": cols, "num_mines": num_mines, "no_guess": bool(no_guess)}
@@ -496,15 +487,15 @@ def _check_settings(rows: Any, cols: Any, num_mines: Any, no_guess: Any) -> dict
 def _check_cell(name: str, value: Any, rows: int, cols: int) -> int:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
         raise ValueError(f"`{name}` must be a [row, col] pair, got {value!r}")
-    r, c = (_check_int(f"{name} (row)", value[0], 0, rows - 1), _check_int(f"{name} (col)", value[1], 0, cols - 1))
+    r, c = (check_int(f"{name} (row)", value[0], 0, rows - 1), check_int(f"{name} (col)", value[1], 0, cols - 1))
     return r * cols + c
 
 
 def board_from_task(task: dict[str, Any], rows: int, cols: int) -> MinesweeperBoard:
     """The board of an explicit task row `{"mines": [[r, c], ...], "first_click": [r, c], "rows": R, "cols": C}`
     (CAST's key `mine_positions` works too; `rows`/`cols` default to the env's)."""
-    rows = _check_int("rows", rows if task.get("rows") is None else task["rows"], MIN_SIDE, MAX_SIDE)
-    cols = _check_int("cols", cols if task.get("cols") is None else task["cols"], MIN_SIDE, MAX_SIDE)
+    rows = check_int("rows", rows if task.get("rows") is None else task["rows"], MIN_SIDE, MAX_SIDE)
+    cols = check_int("cols", cols if task.get("cols") is None else task["cols"], MIN_SIDE, MAX_SIDE)
     key = "mines" if task.get("mines") is not None else "mine_positions"
     listed = task[key]
     if isinstance(listed, (str, bytes)) or not hasattr(listed, "__iter__"):
@@ -585,7 +576,7 @@ class Minesweeper(AgentEnv):
         max_generation_attempts: int = 2000,
     ):
         self._settings = _check_settings(rows, cols, num_mines, no_guess)
-        self.max_generation_attempts = _check_int("max_generation_attempts", max_generation_attempts, 1)
+        self.max_generation_attempts = check_int("max_generation_attempts", max_generation_attempts, 1)
         self._board: MinesweeperBoard | None = None
         self._revealed = 0
         self._flags = 0
@@ -601,7 +592,7 @@ class Minesweeper(AgentEnv):
             settings = dict(self._settings)
             settings.update({k: task[k] for k in _TASK_KEYS if task.get(k) is not None})
             s = _check_settings(**settings)
-            seed = _check_int("seed", task["seed"], 0)
+            seed = check_int("seed", task["seed"], 0)
             board = generate_board(
                 seed, s["rows"], s["cols"], s["num_mines"], s["no_guess"], self.max_generation_attempts
             )
@@ -730,16 +721,7 @@ class Minesweeper(AgentEnv):
         """Seeded task rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000) on the env's settings (default
         6x6, 7 mines), `"unseen"` (from 2_000_000) with 7x7 and 10 mines unless overridden (CAST §2.3). Generation
         settings among `env_kwargs` are copied into the rows; rows hold seeds only (no board is generated here)."""
-        if split not in cls.SPLIT_SEED_START:
-            raise ValueError(f"Unknown Minesweeper split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
         cls(**env_kwargs)  # validate every argument now rather than at the first reset
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
-        if count > 1_000_000:
-            raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         settings = dict(cls.SPLIT_TASK_SETTINGS.get(split, {}))
         settings.update({k: v for k, v in env_kwargs.items() if k in _TASK_KEYS})
-        start = cls.SPLIT_SEED_START[split]
-        return [
-            {"env": cls.name, "seed": seed, "task_id": f"{cls.name}-{split}-{seed}", **settings}
-            for seed in range(start, start + count)
-        ]
+        return cls.seeded_split(split, count, **settings)

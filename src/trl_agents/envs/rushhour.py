@@ -32,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import random
 import re
 from collections import OrderedDict
@@ -42,6 +41,7 @@ from typing import Any, ClassVar
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import extract_answer
 from .registry import register_env
+from .validation import check_int
 
 SIZE = 6  # the board is 6 x 6 (CAST, Fogleman's database)
 EXIT_ROW = 2
@@ -454,20 +454,11 @@ def generate_board(
 # ---- argument checks ---------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    # numbers.Integral also admits numpy integers, which task rows read back from a dataset may hold.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"`{name}` must be an integer <= {maximum}, got {value!r}")
-    return int(value)
-
-
 def _check_settings(num_vehicles: Any, min_moves: Any, max_moves: Any, num_walls: Any) -> dict[str, int]:
-    num_vehicles = _check_int("num_vehicles", num_vehicles, 1, 12)  # our cap: 12 vehicles already fill half the lot
-    min_moves = _check_int("min_moves", min_moves, 1)
-    max_moves = _check_int("max_moves", max_moves, min_moves)
-    num_walls = _check_int("num_walls", num_walls, 0, 6)
+    num_vehicles = check_int("num_vehicles", num_vehicles, 1, 12)  # our cap: 12 vehicles already fill half the lot
+    min_moves = check_int("min_moves", min_moves, 1)
+    max_moves = check_int("max_moves", max_moves, min_moves)
+    num_walls = check_int("num_walls", num_walls, 0, 6)
     return {"num_vehicles": num_vehicles, "min_moves": min_moves, "max_moves": max_moves, "num_walls": num_walls}
 
 
@@ -540,8 +531,8 @@ class RushHour(AgentEnv):
         max_generation_attempts: int = 500,
     ):
         self._settings = _check_settings(num_vehicles, min_moves, max_moves, num_walls)
-        self.max_states = _check_int("max_states", max_states, 1)
-        self.max_generation_attempts = _check_int("max_generation_attempts", max_generation_attempts, 1)
+        self.max_states = check_int("max_states", max_states, 1)
+        self.max_generation_attempts = check_int("max_generation_attempts", max_generation_attempts, 1)
         self._table: DistanceTable | None = None
         self._state = 0
         self._done = False
@@ -560,7 +551,7 @@ class RushHour(AgentEnv):
             settings.update({k: task[k] for k in _TASK_KEYS if task.get(k) is not None})
             s = _check_settings(**settings)
             board = generate_board(
-                _check_int("seed", task["seed"], 0),
+                check_int("seed", task["seed"], 0),
                 s["num_vehicles"],
                 s["min_moves"],
                 s["max_moves"],
@@ -656,17 +647,8 @@ class RushHour(AgentEnv):
         """Seeded task rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000) with the env's settings (default
         7 vehicles, 6-8 optimal moves), `"unseen"` (from 2_000_000) with 9 vehicles and 7-9 moves unless overridden
         (CAST §2.3). Generation settings among `env_kwargs` are copied into the rows; rows hold seeds only."""
-        if split not in cls.SPLIT_SEED_START:
-            raise ValueError(f"Unknown Rush Hour split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
         env = cls(**env_kwargs)  # validate every argument now rather than at the first reset
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
-        if count > 1_000_000:
-            raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         settings = dict(cls.SPLIT_TASK_SETTINGS.get(split, {}))
         settings.update({k: v for k, v in env_kwargs.items() if k in _TASK_KEYS})
         _check_settings(**{**env._settings, **settings})
-        start = cls.SPLIT_SEED_START[split]
-        return [
-            {"env": cls.name, "seed": seed, "task_id": f"{cls.name}-{split}-{seed}", **settings}
-            for seed in range(start, start + count)
-        ]
+        return cls.seeded_split(split, count, **settings)

@@ -44,6 +44,7 @@ from .base import INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
 from .bm25 import BM25Index, require_bm25s
 from .parsing import extract_answer
 from .registry import register_env
+from .validation import check_int
 
 _ACTION = re.compile(r"\b(search|answer)\s*\[([^\[\]]*)\]", re.IGNORECASE)
 
@@ -393,17 +394,11 @@ def get_knowledge_base(kb_seed: int = 0, num_entities: int = 2000) -> KnowledgeB
 # ---- the environment -------------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_hops(hops: Any) -> tuple[int, int]:
     pair = (hops, hops) if isinstance(hops, numbers.Integral) and not isinstance(hops, bool) else hops
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise ValueError(f"`hops` must be an int or a (min, max) pair, e.g. (1, 3), got {hops!r}")
-    low, high = _check_int("hops (min)", pair[0], 1), _check_int("hops (max)", pair[1], 1)
+    low, high = check_int("hops (min)", pair[0], 1), check_int("hops (max)", pair[1], 1)
     if low > high or high > MAX_HOPS:
         raise ValueError(f"`hops` must satisfy 1 <= min <= max <= {MAX_HOPS}, got {hops!r}")
     return low, high
@@ -462,10 +457,10 @@ class SearchQA(AgentEnv):
         observation: str = "all",
     ):
         require_bm25s()
-        self.num_entities = _check_int("num_entities", num_entities, 20)
-        self.kb_seed = _check_int("kb_seed", kb_seed, 0)
+        self.num_entities = check_int("num_entities", num_entities, 20)
+        self.kb_seed = check_int("kb_seed", kb_seed, 0)
         self.hops = _check_hops(hops)
-        self.top_k = _check_int("top_k", top_k, 1)
+        self.top_k = check_int("top_k", top_k, 1)
         if reward not in ("em", "f1"):
             raise ValueError(f"`reward` must be 'em' (exact match) or 'f1' (token F1), got {reward!r}")
         if observation not in ("all", "last"):
@@ -482,11 +477,11 @@ class SearchQA(AgentEnv):
         """Load the question of the task row and return the first observation (nothing retrieved yet)."""
         if task.get("seed") is None:
             raise ValueError(f"A searchqa task needs a 'seed', got keys {sorted(task)}")
-        seed = _check_int("seed", task["seed"], 0)
-        num_entities = _check_int("num_entities", task.get("num_entities", self.num_entities), 20)
-        kb_seed = _check_int("kb_seed", task.get("kb_seed", self.kb_seed), 0)
+        seed = check_int("seed", task["seed"], 0)
+        num_entities = check_int("num_entities", task.get("num_entities", self.num_entities), 20)
+        kb_seed = check_int("kb_seed", task.get("kb_seed", self.kb_seed), 0)
         if task.get("hops") is not None:
-            hops = _check_int("hops", task["hops"], 1)
+            hops = check_int("hops", task["hops"], 1)
             if hops > MAX_HOPS:
                 raise ValueError(f"A task row's 'hops' must be at most {MAX_HOPS}, got {hops}")
         else:
@@ -652,16 +647,7 @@ class SearchQA(AgentEnv):
         """Seeded rows on one knowledge base: `"train"` (seeds from 0) and `"eval"` (from 1_000_000) with the env's
         hop range, and `"unseen"` (from 2_000_000) with 4-hop questions, longer than any train question by default.
         `num_entities` and `kb_seed` among `env_kwargs` are copied into the rows."""
-        if split not in cls.SPLIT_SEED_START:
-            raise ValueError(f"Unknown searchqa split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
         cls(**env_kwargs)
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
-        if count > 1_000_000:
-            raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         settings = {k: env_kwargs[k] for k in ("num_entities", "kb_seed") if k in env_kwargs}
         settings.update(cls.SPLIT_TASK_SETTINGS.get(split, {}))
-        start = cls.SPLIT_SEED_START[split]
-        return [
-            {"env": cls.name, "seed": seed, "task_id": f"{cls.name}-{split}-{seed}", **settings}
-            for seed in range(start, start + count)
-        ]
+        return cls.seeded_split(split, count, **settings)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import DIRECTIONS, INVALID_DIRECTION_FEEDBACK, parse_direction
 from .registry import register_env
+from .validation import check_int
 
 Cell = tuple[int, int]
 
@@ -442,35 +443,28 @@ def _generate(
 # ---- argument checks ---------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    # numbers.Integral also admits numpy integers, which task rows read back from a dataset may hold.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_size(size: Any) -> tuple[int, int]:
     dims = (size, size) if isinstance(size, numbers.Integral) and not isinstance(size, bool) else size
     if not isinstance(dims, (tuple, list)) or len(dims) != 2:
         raise ValueError(f"`size` must be an int or a (rows, cols) pair, got {size!r}")
     # The border is walls, so 5 x 5 leaves a 3 x 3 room, the smallest where a box can move off a corner target.
-    return _check_int("size (rows)", dims[0], 5), _check_int("size (cols)", dims[1], 5)
+    return check_int("size (rows)", dims[0], 5), check_int("size (cols)", dims[1], 5)
 
 
 def _check_generation(
     size: Any, num_boxes: Any, search_depth: Any, min_solution_length: Any, max_solution_length: Any
 ) -> dict[str, Any]:
     rows, cols = _check_size(size)
-    num_boxes = _check_int("num_boxes", num_boxes, 1)
+    num_boxes = check_int("num_boxes", num_boxes, 1)
     if num_boxes > (rows - 2) * (cols - 2) // 3:
         raise ValueError(
             f"`num_boxes`={num_boxes} does not fit a {rows}x{cols} grid (at most "
             f"{(rows - 2) * (cols - 2) // 3} boxes: a third of the inner cells)"
         )
-    search_depth = _check_int("search_depth", search_depth, 1)
-    min_solution_length = _check_int("min_solution_length", min_solution_length, 1)
+    search_depth = check_int("search_depth", search_depth, 1)
+    min_solution_length = check_int("min_solution_length", min_solution_length, 1)
     if max_solution_length is not None:
-        max_solution_length = _check_int("max_solution_length", max_solution_length, min_solution_length)
+        max_solution_length = check_int("max_solution_length", max_solution_length, min_solution_length)
     return {
         "rows": rows,
         "cols": cols,
@@ -546,7 +540,7 @@ class Sokoban(AgentEnv):
             raise ValueError(f"`end_on_deadlock` must be a bool, got {end_on_deadlock!r}")
         self.reward = reward
         self.end_on_deadlock = end_on_deadlock
-        self.max_solver_nodes = _check_int("max_solver_nodes", max_solver_nodes, 1)
+        self.max_solver_nodes = check_int("max_solver_nodes", max_solver_nodes, 1)
         self._room: _Room | None = None
         self._player = 0
         self._boxes: frozenset[int] = frozenset()
@@ -693,19 +687,10 @@ class Sokoban(AgentEnv):
         with `size=7, num_boxes=2` unless overridden). Generation settings among `env_kwargs` are copied into the
         rows so that any env instance plays the same puzzles; the other constructor arguments are only validated.
         Rows hold seeds only: no puzzle is generated here."""
-        if split not in cls.SPLIT_SEED_START:
-            raise ValueError(f"Unknown Sokoban split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
         cls(**env_kwargs)  # validate every argument now rather than at the first reset
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
-        if count > 1_000_000:
-            raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         settings = dict(cls.SPLIT_TASK_SETTINGS.get(split, {}))
         settings.update({k: v for k, v in env_kwargs.items() if k in _TASK_KEYS})
-        start = cls.SPLIT_SEED_START[split]
-        return [
-            {"env": cls.name, "seed": seed, "task_id": f"{cls.name}-{split}-{seed}", **settings}
-            for seed in range(start, start + count)
-        ]
+        return cls.seeded_split(split, count, **settings)
 
 
 def optimal_length_stats(seeds: Iterable[int], **env_kwargs: Any) -> dict[str, float]:

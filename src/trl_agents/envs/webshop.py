@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import difflib
-import numbers
 import random
 import re
 import string
@@ -44,6 +43,7 @@ from .base import INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
 from .bm25 import BM25Index, require_bm25s
 from .parsing import extract_answer
 from .registry import register_env
+from .validation import check_int
 
 # ---- WebShop's constants (web_agent_site/engine/engine.py and goal.py) ----------------------------------------------
 
@@ -706,12 +706,6 @@ def done_page(score: float) -> ShopPage:
 # ---- argument checks ----------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_reward(reward: Any) -> str:
     if reward not in ("score", "binary"):
         raise ValueError(
@@ -768,8 +762,8 @@ class WebShopLite(AgentEnv):
 
     def __init__(self, num_products: int = 3000, catalogue_seed: int = 0, reward: str = "score"):
         require_bm25s()
-        self.num_products = _check_int("num_products", num_products, 1)
-        self.catalogue_seed = _check_int("catalogue_seed", catalogue_seed, 0)
+        self.num_products = check_int("num_products", num_products, 1)
+        self.catalogue_seed = check_int("catalogue_seed", catalogue_seed, 0)
         self.reward = _check_reward(reward)
         self._catalogue: Catalogue | None = None
         self._goal: Goal | None = None
@@ -782,9 +776,9 @@ class WebShopLite(AgentEnv):
         """Start the task of `task["seed"]` on the search page."""
         if task.get("seed") is None:
             raise ValueError(f"A webshop-lite task needs a 'seed', got keys {sorted(task)}")
-        seed = _check_int("seed", task["seed"], 0)
-        num_products = _check_int("num_products", task.get("num_products", self.num_products), 1)
-        catalogue_seed = _check_int("catalogue_seed", task.get("catalogue_seed", self.catalogue_seed), 0)
+        seed = check_int("seed", task["seed"], 0)
+        num_products = check_int("num_products", task.get("num_products", self.num_products), 1)
+        catalogue_seed = check_int("catalogue_seed", task.get("catalogue_seed", self.catalogue_seed), 0)
         self._catalogue = get_catalogue(catalogue_seed, num_products)
         self._goal = self._catalogue.goal(seed)
         self._seed = seed
@@ -1043,18 +1037,9 @@ class WebShopLite(AgentEnv):
     def task_split(cls, split: str, count: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
         """Seeded task rows: `"train"` (seeds from 0) and `"eval"` (seeds from 1_000_000), on the same catalogue.
         `num_products` and `catalogue_seed` among `env_kwargs` are copied into the rows."""
-        if split not in cls.SPLIT_SEED_START:
-            raise ValueError(f"Unknown webshop-lite split {split!r}; choose one of {sorted(cls.SPLIT_SEED_START)}")
         cls(**env_kwargs)  # validate the arguments now
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
-        if count > 1_000_000:
-            raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         settings = {k: env_kwargs[k] for k in ("num_products", "catalogue_seed") if k in env_kwargs}
-        start = cls.SPLIT_SEED_START[split]
-        return [
-            {"env": cls.name, "seed": seed, "task_id": f"{cls.name}-{split}-{seed}", **settings}
-            for seed in range(start, start + count)
-        ]
+        return cls.seeded_split(split, count, **settings)
 
 
 # ---- the client of a real WebShop server -----------------------------------------------------------------------------
@@ -1287,7 +1272,7 @@ class WebShopServer(AgentEnv):
         if task.get("session") is not None:
             session = str(task["session"])
         elif task.get("goal_index") is not None:
-            session = f"{self.session_prefix}fixed_{_check_int('goal_index', task['goal_index'], 0)}"
+            session = f"{self.session_prefix}fixed_{check_int('goal_index', task['goal_index'], 0)}"
         else:
             raise ValueError(f"A webshop task needs a 'goal_index' (or a 'session'), got keys {sorted(task)}")
         self._load(_Click("GET", f"{self.base_url}/{urllib.parse.quote(session)}"))
@@ -1361,7 +1346,7 @@ class WebShopServer(AgentEnv):
             raise ValueError(f"Unknown webshop split {split!r}; choose one of {sorted(cls.SPLIT_GOALS)}")
         cls(**env_kwargs)
         start, stop = cls.SPLIT_GOALS[split]
-        count = stop - start if count is None else _check_int("count", count, 0)
+        count = stop - start if count is None else check_int("count", count, 0)
         if split == "eval" and count > 500:
             raise ValueError("The eval split has WebShop's 500 test goals; ask for `count` <= 500")
         return [

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 from ..base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv
 from ..parsing import extract_answer
 from ..registry import register_env
+from ..validation import check_int
 
 _INSTALL_HINT = 'pip install "trl-agents[envs]" (or textarena==0.7.4)'
 _GAME_ID = -1  # TextArena's sender id of game messages (ta.GAME_ID)
@@ -235,9 +236,9 @@ class TextArenaEnv(AgentEnv):
         if observation not in ("latest", "full"):
             raise ValueError(f"`observation` must be 'latest' or 'full', got {observation!r}")
         if error_allowance is not None:
-            error_allowance = _check_int("error_allowance", error_allowance, 0)
+            error_allowance = check_int("error_allowance", error_allowance, 0)
         if num_players is not None:
-            num_players = _check_int("num_players", num_players, 1)
+            num_players = check_int("num_players", num_players, 1)
         if bracket_actions not in (None, True, False):
             raise ValueError(f"`bracket_actions` must be None (the game's default) or a bool, got {bracket_actions!r}")
         _import_textarena()
@@ -247,7 +248,7 @@ class TextArenaEnv(AgentEnv):
         self.error_allowance = error_allowance
         self.num_players = num_players
         self.bracket_actions = bracket_actions
-        self.max_action_chars = _check_int("max_action_chars", max_action_chars, 1)
+        self.max_action_chars = check_int("max_action_chars", max_action_chars, 1)
         self.roles: tuple[str, ...] = ()  # set per game: player_0, player_1, ... for multi-player games
         self._spec: _GameSpec | None = None
         self._episode: _Episode | None = None
@@ -468,7 +469,7 @@ class TextArenaEnv(AgentEnv):
         if not isinstance(game, str):
             raise ValueError("TextArenaEnv.task_split needs the game id: task_split('train', game='Sokoban-v0')")
         cls(**env_kwargs)  # validate the arguments (and that the game runs here)
-        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else _check_int("count", count, 0)
+        count = cls.SPLIT_DEFAULT_COUNT[split] if count is None else check_int("count", count, 0)
         if count > 1_000_000:
             raise ValueError("`count` must be <= 1_000_000 so that split seed ranges stay disjoint")
         start = cls.SPLIT_SEED_START[split]
@@ -538,8 +539,3 @@ def _numeric_reward(value: Any) -> float | None:
             return None
     return None
 
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
-    return int(value)
