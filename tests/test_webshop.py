@@ -717,3 +717,10 @@ def test_one_training_iteration(train_one_iteration):
     tasks = WebShopLite.task_split("train", 2, **SMALL)
     trainer = train_one_iteration("webshop-lite", tasks, env_kwargs=SMALL, max_turns=2)
     assert trainer.state.global_step == 1
+
+
+@pytest.mark.slow
+def test_one_training_iteration_through_the_server_client(webshop_site, train_one_iteration):
+    tasks = [{"goal_index": 0}, {"goal_index": 3}]
+    trainer = train_one_iteration("webshop", tasks, env_kwargs={"base_url": webshop_site}, max_turns=2)
+    assert trainer.state.global_step == 1
