@@ -201,3 +201,54 @@ def test_env_pool_reuses_instances(tokenizer, scripted):
     first = {id(env) for envs in pool._free.values() for env in envs}
     engine.run(TASKS, 2)
     assert {id(env) for envs in pool._free.values() for env in envs} == first
+
+
+def test_recorded_solver_values_follow_the_trajectory(tokenizer, scripted):
+    generator = scripted(half_solvers(tokenizer))
+    engine = make_engine(generator, tokenizer, max_turns=8)
+    engine.record_signals = ("solver_value",)
+    batch = engine.run(TASKS[:1], num_generations=4)
+    for trajectory in batch.groups[0].trajectories:
+        values = [(s.info["solver_value"], s.info["solver_value_next"]) for s in trajectory.steps]
+        assert values[0][0] == 6.0  # 4x4 maps need 6 moves
+        for (_, after), (before, _) in zip(values, values[1:]):
+            assert after == before  # N(s_{t+1}) of a step is N(s_t) of the next
+        if trajectory.success:
+            assert [v for v, _ in values] == [6, 5, 4, 3, 2, 1] and values[-1][1] == 0
+
+
+def test_recorded_verifier_atoms_land_on_the_last_step(tokenizer, scripted):
+    from trl_agents.envs import VerifierAtom
+
+    @register_env
+    class Verified(FrozenLake):
+        name = "test-frozenlake-verified"
+
+        def verify(self):
+            return [VerifierAtom("at_goal", "sat" if self.solver_value() == 0 else "unsat", None, [])]
+
+    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8)
+    engine.record_signals = ("verify",)
+    batch = engine.run([{**TASKS[0], "env": "test-frozenlake-verified"}], num_generations=4)
+    for trajectory in batch.groups[0].trajectories:
+        atoms = trajectory.steps[-1].info["verifier_atoms"]
+        assert atoms == [{"name": "at_goal", "status": "sat" if trajectory.success else "unsat",
+                          "witness_step": None, "depends_on": []}]
+        assert all("verifier_atoms" not in s.info for s in trajectory.steps[:-1])
+    with pytest.raises(ValueError, match="record_signals"):
+        RolloutEngine(engine.generator, engine.renderer, record_signals=("hidden",))
+
+
+def test_trainer_checks_required_capabilities_at_start_up(tiny_model, tokenizer, tmp_path):
+    from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+
+    class NeedsSolver(AgentGRPOTrainer):
+        required_env_capabilities = ("solver_value",)
+
+    config = AgentGRPOConfig(output_dir=str(tmp_path), report_to="none", num_generations=2,
+                             per_device_train_batch_size=2, max_steps=1)
+    with pytest.raises(ValueError, match="'test-keyword' .* lacks solver_value.*frozenlake"):
+        NeedsSolver(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
+                    processing_class=tokenizer)
+    NeedsSolver(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "seed": 0}],
+                processing_class=tokenizer)

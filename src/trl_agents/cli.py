@@ -178,11 +178,14 @@ def _has_split(cls, split: str) -> bool:
 
 
 def list_methods() -> None:
+    """`trl-agents methods`: every method with its trainer, paper, hook, inputs and required env capabilities."""
     from .trainers import METHODS
 
     for name, method in METHODS.items():
         defaults = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items())
-        print(f"{name:<10} {method.trainer_class.__name__:<18} {method.paper:<18} {defaults}")
+        print(f"{name:<12} {method.trainer_class.__name__:<20} {method.paper}")
+        print(f"    hook: {method.hook}; inputs: {', '.join(method.inputs)}")
+        print(f"    env capabilities: {', '.join(method.env_capabilities) or 'none'}" + (f"; sets {defaults}" if defaults else ""))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from .prompts import PromptRenderer
 logger = logging.getLogger(__name__)
 
 ROW_FORMATS = ("step", "conversation")
+RECORDABLE_SIGNALS = ("solver_value", "verify")
 
 
 @dataclass
@@ -46,6 +48,7 @@ class _Episode:
     history: list[tuple[str, str]] = field(default_factory=list)
     context_ids: list[int] = field(default_factory=list)  # conversation format: everything so far
     finished: bool = False
+    solver_value: float | None = None  # cost-to-go of the current state, when recorded
 
 
 class EnvPool:
@@ -93,6 +96,10 @@ class RolloutEngine:
         env_pool: Where environments come from (default: `make_env(task["env"])`).
         system_prompt: Overrides the environment's `instructions` as the system message when not None.
         record_snapshots: Store `env.snapshot()` before every action (for branching topologies).
+        record_signals: Environment capabilities to record for credit methods that need them:
+            `"solver_value"` puts the cost-to-go before and after every action in `step.info["solver_value"]` and
+            `step.info["solver_value_next"]` (CAST; one solver call per step), `"verify"` puts the atoms of
+            `env.verify()` at the episode's end in the last step's `info["verifier_atoms"]` (VICT).
         on_turn: Called after every turn with (turn index, number of active episodes); used for progress display.
     """
 
@@ -106,6 +113,7 @@ class RolloutEngine:
         env_pool: EnvPool | None = None,
         system_prompt: str | None = None,
         record_snapshots: bool = False,
+        record_signals: Sequence[str] = (),
         on_turn: Callable[[int, int], None] | None = None,
     ):
         if row_format not in ROW_FORMATS:
@@ -120,6 +128,10 @@ class RolloutEngine:
         self.env_pool = env_pool or EnvPool()
         self.system_prompt = system_prompt
         self.record_snapshots = record_snapshots
+        unknown = set(record_signals) - set(RECORDABLE_SIGNALS)
+        if unknown:
+            raise ValueError(f"record_signals: unknown {sorted(unknown)}; choose from {RECORDABLE_SIGNALS}")
+        self.record_signals = tuple(record_signals)
         self.on_turn = on_turn
         self.tokenizer = renderer.tokenizer
         self.eos_token_ids = set(getattr(generator, "eos_token_ids", [self.tokenizer.eos_token_id]))
@@ -159,6 +171,8 @@ class RolloutEngine:
                 episode.context_ids = self.renderer.conversation_prompt_ids(
                     episode.system, episode.task_text, episode.observation
                 )
+            if "solver_value" in self.record_signals:
+                episode.solver_value = float(env.solver_value())
         except Exception as err:  # noqa: BLE001 — an env failure fails its episode, never the run
             self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
         return episode
@@ -188,7 +202,7 @@ class RolloutEngine:
                 self._fail(episode, str(err))
                 continue
             if limit is not None and len(prompt_ids) > limit:  # a conversation outgrew its context: truncate it
-                episode.finished = True
+                self._finish(episode)
                 continue
             prompts.append(prompt_ids)
             ready.append(episode)
@@ -216,11 +230,15 @@ class RolloutEngine:
             if self.record_snapshots and env.supports("snapshot"):
                 step.snapshot = env.snapshot()
             observation, reward, done, info = env.step(text)
+            info = dict(info or {})
+            if "solver_value" in self.record_signals:
+                value_next = float(env.solver_value())
+                info["solver_value"], info["solver_value_next"] = episode.solver_value, value_next
+                episode.solver_value = value_next
         except Exception as err:  # noqa: BLE001
             episode.trajectory.steps.append(step)
             self._fail(episode, f"step failed: {type(err).__name__}: {err}")
             return
-        info = dict(info or {})
         step.reward, step.done, step.valid = float(reward), bool(done), bool(info.get(INFO_VALID, True))
         step.info = _json_safe(info)
         trajectory = episode.trajectory
@@ -230,13 +248,24 @@ class RolloutEngine:
         episode.history.append((episode.observation, str(info.get("action") or text.strip())))
         episode.observation = observation
         if done or len(trajectory.steps) >= self.max_turns:
-            episode.finished = True
+            self._finish(episode)
             return
         if self.row_format == "conversation":
             ended = bool(action_ids) and action_ids[-1] in self.eos_token_ids
             # A turn cut by the token budget did not emit EOS: close it so the chat stays well formed.
             step.env_ids = ([] if ended else [self.tokenizer.eos_token_id]) + self.renderer.env_turn_ids(observation)
             episode.context_ids = prompt_ids + action_ids + step.env_ids
+
+    def _finish(self, episode: _Episode) -> None:
+        episode.finished = True
+        steps = episode.trajectory.steps
+        if "verify" in self.record_signals and steps:
+            try:
+                atoms = episode.env.verify()
+            except Exception as err:  # noqa: BLE001
+                self._fail(episode, f"verify failed: {type(err).__name__}: {err}")
+                return
+            steps[-1].info["verifier_atoms"] = [dataclasses.asdict(atom) for atom in atoms]
 
     def _fail(self, episode: _Episode, message: str) -> None:
         logger.warning("Episode %d of task %s failed: %s", episode.trajectory.episode_id, episode.trajectory.task, message)

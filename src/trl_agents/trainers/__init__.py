@@ -12,13 +12,29 @@ from .gigpo import GiGPOConfig, GiGPOTrainer
 
 @dataclass(frozen=True)
 class Method:
-    """A trainable method: its config and trainer classes, and config values that define it."""
+    """A trainable method: its config and trainer classes, config values that define it, and what it needs.
+
+    Args:
+        name: Registry name (`method:` in a config YAML, `trl-agents methods`).
+        config_class, trainer_class: The Config/Trainer pair.
+        defaults: Config values that define the method on top of its config class (e.g. Dr. GRPO's loss type).
+        paper: Where the method comes from.
+        hook: The AgentGRPOTrainer hook the method overrides.
+        inputs: What its credit needs beyond rewards (e.g. "state keys", "solver values", "hidden states").
+    """
 
     name: str
     config_class: type
     trainer_class: type
     defaults: dict[str, Any] = field(default_factory=dict)
     paper: str = ""
+    hook: str = "compute_advantages"
+    inputs: tuple[str, ...] = ("episode returns",)
+
+    @property
+    def env_capabilities(self) -> tuple[str, ...]:
+        """Environment capabilities the trainer checks at start-up."""
+        return tuple(self.trainer_class.required_env_capabilities)
 
 
 METHODS: dict[str, Method] = {
@@ -31,7 +47,10 @@ METHODS: dict[str, Method] = {
         "arXiv 2503.20783",
     ),
     "rloo": Method("rloo", AgentGRPOConfig, AgentGRPOTrainer, {"advantage_estimator": "rloo"}, "arXiv 2402.14740"),
-    "gigpo": Method("gigpo", GiGPOConfig, GiGPOTrainer, {}, "arXiv 2505.10978"),
+    "gigpo": Method(
+        "gigpo", GiGPOConfig, GiGPOTrainer, {}, "arXiv 2505.10978",
+        inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
+    ),
 }
 
 

@@ -316,6 +316,10 @@ class AgentGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "trl-agents", "agent-grpo"]
     _name = "AgentGRPO"
     _config_class = AgentGRPOConfig
+    # What a method needs from its environments: capabilities checked at start-up (a clear error instead of a
+    # failure mid-training), and signals the rollout engine records for `compute_advantages` (see RolloutEngine).
+    required_env_capabilities: tuple[str, ...] = ()
+    record_signals: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -341,6 +345,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         train_dataset = _as_task_dataset(train_dataset, args, "train_dataset", required=True)
         eval_dataset = _as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
+        for dataset in (train_dataset, eval_dataset):
+            self._check_env_capabilities(dataset, args)
         super().__init__(
             model=model,
             reward_funcs=[environment_return],
@@ -366,6 +372,22 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
         self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
+
+    @classmethod
+    def _check_env_capabilities(cls, dataset, args: AgentGRPOConfig) -> None:
+        if not cls.required_env_capabilities or dataset is None or isinstance(dataset, IterableDataset):
+            return
+        env_names = set(dataset["env"]) if "env" in dataset.column_names else {args.env_name}
+        for env_name in sorted(env_names, key=str):
+            env_cls = get_env_class(env_name)
+            missing = [c for c in cls.required_env_capabilities if c not in env_cls.capabilities()]
+            if missing:
+                raise ValueError(
+                    f"{cls.__name__} needs environments with {', '.join(cls.required_env_capabilities)}, but "
+                    f"{env_name!r} ({env_cls.__name__}) lacks {', '.join(missing)}. Environments that have them: "
+                    f"{', '.join(_envs_with(cls.required_env_capabilities)) or 'none registered'} "
+                    "(`trl-agents envs` lists every environment's capabilities)."
+                )
 
     # ---- hooks for method variants -------------------------------------------------------------------------------
 
@@ -434,6 +456,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             row_format=self.args.row_format,
             env_pool=self.env_pool,
             system_prompt=self.args.system_prompt,
+            record_signals=self.record_signals,
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -671,6 +694,12 @@ def _tasks_of(inputs: list[dict[str, Any]], num_generations: int) -> list[dict[s
             )
         tasks.append(dict(block[0]))
     return tasks
+
+
+def _envs_with(capabilities: tuple[str, ...]) -> list[str]:
+    from ..envs import list_envs
+
+    return [name for name, env_cls in list_envs().items() if set(capabilities) <= env_cls.capabilities()]
 
 
 def _as_task_dataset(dataset, args: AgentGRPOConfig, name: str, required: bool):
