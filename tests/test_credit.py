@@ -423,17 +423,18 @@ def test_bad_arguments_are_rejected():
 
 
 def test_registry():
-    assert set(CREDIT_ESTIMATORS) == {"grpo", "rloo", "gigpo"}
+    assert {"grpo", "rloo", "gigpo"} <= set(CREDIT_ESTIMATORS)
+    assert all(get_estimator(name) is fn for name, fn in CREDIT_ESTIMATORS.items())
     assert get_estimator("grpo") is grpo_advantages
     assert get_estimator("rloo") is rloo_advantages
     assert get_estimator("gigpo") is gigpo_advantages
 
 
 def test_unknown_estimator_message():
-    with pytest.raises(ValueError, match=r"Unknown credit estimator 'gipgo'\. Known: gigpo, grpo, rloo") as info:
+    with pytest.raises(ValueError, match=r"Unknown credit estimator 'gipgo'\. Known: .*gigpo, grpo, .*rloo") as info:
         get_estimator("gipgo")
     assert "Did you mean 'gigpo'?" in str(info.value)
-    with pytest.raises(ValueError, match="Known: gigpo, grpo, rloo") as info:
+    with pytest.raises(ValueError, match="Known: .*gigpo, grpo, .*rloo") as info:
         get_estimator("ppo-with-a-critic")
     assert "Did you mean" not in str(info.value)
 

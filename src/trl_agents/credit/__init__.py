@@ -11,19 +11,60 @@ Example:
     [[1.0], [-1.0]]
 """
 
-from .base import CREDIT_ESTIMATORS, StepAdvantages, discounted_returns, get_estimator, register_estimator
+from .base import (
+    CREDIT_ESTIMATORS,
+    StepAdvantages,
+    anchor_key,
+    canonical_action,
+    discounted_returns,
+    get_estimator,
+    normalize_text,
+    register_estimator,
+)
+from .bepo import BellmanCredit, bellman_credit, bepo_advantages, bepo_advantages_with_stats
+from .cast import cast_advantages, cast_advantages_with_stats
+from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advantages_with_stats
 from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
 from .grpo import grpo_advantages
+from .progpo import progpo_advantages, progpo_parts
 from .rloo import rloo_advantages
+from .scpo import get_scorer, register_scorer, scpo_advantages, scpo_advantages_with_stats
+from .sspo import StateScoreTable, sspo_advantages, sspo_advantages_with_stats
+from .vict import trace_proof_edges, vict_advantages, vict_advantages_with_stats
 
 __all__ = [
+    "AnchorEvidence",
+    "BellmanCredit",
     "CREDIT_ESTIMATORS",
+    "StateScoreTable",
     "StepAdvantages",
+    "anchor_evidence",
+    "anchor_key",
+    "bellman_credit",
+    "bepo_advantages",
+    "bepo_advantages_with_stats",
+    "canonical_action",
+    "cast_advantages",
+    "cast_advantages_with_stats",
     "discounted_returns",
+    "ecpo_advantages",
+    "ecpo_advantages_with_stats",
     "get_estimator",
+    "get_scorer",
     "gigpo_advantages",
     "gigpo_advantages_with_stats",
     "grpo_advantages",
+    "normalize_text",
+    "progpo_advantages",
+    "progpo_parts",
     "register_estimator",
+    "register_scorer",
     "rloo_advantages",
+    "scpo_advantages",
+    "scpo_advantages_with_stats",
+    "sspo_advantages",
+    "sspo_advantages_with_stats",
+    "trace_proof_edges",
+    "vict_advantages",
+    "vict_advantages_with_stats",
 ]

@@ -27,10 +27,11 @@ Example:
 from __future__ import annotations
 
 import difflib
+import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
-from ..trajectory import Group
+from ..trajectory import Group, Step
 
 StepAdvantages = list[list[float]]
 """One list per trajectory of the group, one advantage per step."""
@@ -57,10 +58,10 @@ def register_estimator(name: str) -> Callable[[CreditEstimator], CreditEstimator
 def get_estimator(name: str) -> CreditEstimator:
     """The advantage function registered under `name`, or a ValueError listing the known names.
 
-    >>> get_estimator("gigpp")
+    >>> get_estimator("gigpp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: Unknown credit estimator 'gigpp'. Known: gigpo, grpo, rloo. Did you mean 'gigpo'?
+    ValueError: Unknown credit estimator 'gigpp'. Known: ...gigpo, grpo... Did you mean 'gigpo'?
     """
     try:
         return CREDIT_ESTIMATORS[name]
@@ -174,3 +175,51 @@ def broadcast_to_steps(episode_values: Sequence[float], group: Group, invalid_pe
         [a - invalid_penalty if not step.valid else a for step in traj.steps]
         for a, traj in zip(episode_values, group.trajectories, strict=True)
     ]
+
+
+# ---- what a step did and where: shared by the methods that group steps by state or by action -----------------------
+
+INVALID_ACTION = "<invalid>"  # the one canonical action of every rejected step, when rejected actions are merged
+ACTION_INFO_KEYS = ("action", "command")  # where envs report the action they parsed (ALFWorld uses "command")
+
+
+def normalize_text(text: str) -> str:
+    """Lower-case text with runs of whitespace collapsed to one space.
+
+    >>> normalize_text("  Go to   Shelf 1\\n")
+    'go to shelf 1'
+    """
+    return " ".join(str(text).lower().split())
+
+
+def canonical_action(step: Step, *, merge_invalid: bool = False) -> str:
+    """The action a step took, as the environment understood it.
+
+    In order: `INVALID_ACTION` for a rejected step when `merge_invalid` (every rejected action is the same no-op,
+    whatever its text); the env's parsed action (`info["action"]`, or ALFWorld's `info["command"]`); else the
+    action text. Always normalised (`normalize_text`); non-string values are JSON-encoded, so the result hashes.
+
+    >>> canonical_action(Step("s", "I go <action>UP</action>", info={"action": "up"}))
+    'up'
+    >>> canonical_action(Step("s", "  Go   North "))
+    'go north'
+    >>> rejected = Step("s", "Jump!", valid=False)
+    >>> canonical_action(rejected, merge_invalid=True), canonical_action(rejected)
+    ('<invalid>', 'jump!')
+    """
+    if merge_invalid and not step.valid:
+        return INVALID_ACTION
+    info = step.info if isinstance(step.info, dict) else {}
+    for key in ACTION_INFO_KEYS:
+        value = info.get(key)
+        if value is not None and value != "":
+            return normalize_text(value) if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return normalize_text(step.action_text)
+
+
+def anchor_key(step: Step, anchor: str) -> Hashable:
+    """The state a step acted from: its `state_key` when `anchor == "state_key"` and the env gave one, else the
+    observation text (verl-agent's anchor_obs)."""
+    if anchor == "state_key" and step.state_key is not None:
+        return step.state_key
+    return step.observation

@@ -21,9 +21,10 @@ import math
 from collections.abc import Hashable
 from difflib import SequenceMatcher
 
-from ..trajectory import Group, Step
+from ..trajectory import Group
 from .base import (
     StepAdvantages,
+    anchor_key,
     check_choice,
     check_group,
     discounted_returns,
@@ -137,11 +138,11 @@ def gigpo_advantages_with_stats(
         returns = discounted_returns([step.reward for step in traj.steps], gamma)
         for step, ret in zip(traj.steps, returns, strict=True):
             step_returns.append(ret - penalty if not step.valid else ret)
-            anchors.append(_anchor_key(step, anchor))
+            anchors.append(anchor_key(step, anchor))
 
     # Eq. 6: anchor-state groups G^S(s), as lists of row indices.
     if similarity_threshold is not None:
-        anchors = _cluster_similar_texts(anchors, similarity_threshold)
+        anchors = cluster_similar_texts(anchors, similarity_threshold)
     anchor_groups: dict[Hashable, list[int]] = {}
     try:
         for row, key in enumerate(anchors):
@@ -177,13 +178,9 @@ def gigpo_advantages_with_stats(
     return advantages, stats
 
 
-def _anchor_key(step: Step, anchor: str) -> Hashable:
-    if anchor == "state_key" and step.state_key is not None:
-        return step.state_key
-    return step.observation
 
 
-def _cluster_similar_texts(texts: list[Hashable], threshold: float) -> list[int]:
+def cluster_similar_texts(texts: list[Hashable], threshold: float) -> list[int]:
     """Greedy clustering (verl-agent `build_step_group` with `enable_similarity`): the cluster index of each text.
 
     A text joins the first cluster whose representative (first member) is at least `threshold` similar, else it

@@ -8,6 +8,13 @@ from typing import Any
 
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .gigpo import GiGPOConfig, GiGPOTrainer
+from .scpo import SCPOConfig, SCPOTrainer
+from .progpo import ProGPOConfig, ProGPOTrainer
+from .sspo import SSPOConfig, SSPOTrainer
+from .cast import CASTConfig, CASTTrainer
+from .ecpo import ECPOConfig, ECPOTrainer
+from .bepo import BEPOConfig, BEPOTrainer
+from .vict import VICTConfig, VICTTrainer
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,38 @@ METHODS: dict[str, Method] = {
         "gigpo", GiGPOConfig, GiGPOTrainer, {}, "arXiv 2505.10978",
         inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
     ),
+    "vict": Method(
+        "vict", VICTConfig, VICTTrainer, {}, "arXiv 2608.28128",
+        inputs=("episode returns", "verifier atoms (env.verify(): status, witness step, dependencies)"),
+    ),
+    "bepo": Method(
+        "bepo", BEPOConfig, BEPOTrainer, {}, "arXiv 2608.06861",
+        inputs=("episode returns", "step rewards", "state keys (graph nodes)",
+                "canonical actions (bepo_gate='actions' only)"),
+    ),
+    "ecpo": Method(
+        "ecpo", ECPOConfig, ECPOTrainer, {}, "arXiv 2606.05885",
+        inputs=("episode returns", "step rewards", "state keys",
+                "canonical actions (info['action'] / info['command'], else normalised text)"),
+    ),
+    "cast": Method(
+        "cast", CASTConfig, CASTTrainer, {}, "arXiv 2607.25308",
+        inputs=("episode returns", "solver values N(s_t), N(s_t+1) of every step"),
+    ),
+    "3spo": Method(
+        "3spo", SSPOConfig, SSPOTrainer, {}, "arXiv 2606.09961",
+        inputs=("success flags", "state keys (observation text when the env has none)", "persistent state-visit table"),
+    ),
+    "progpo": Method(
+        "progpo", ProGPOConfig, ProGPOTrainer, {}, "arXiv 2607.04242",
+        inputs=("episode returns", "success labels", "step rewards", "canonical actions (info['action'] or the reply)",
+                "state keys (observation text when the env has none)"),
+    ),
+    "scpo": Method(
+        "scpo", SCPOConfig, SCPOTrainer, {}, "arXiv 2606.25852",
+        inputs=("episode returns", "success labels", "step rewards", "step observations + canonical actions (scorer)",
+                "state keys (observation text when the env has none)"),
+    ),
 }
 
 
@@ -64,4 +103,26 @@ def get_method(name: str) -> Method:
         raise ValueError(f"Unknown method {name!r}.{hint} Known methods: {', '.join(sorted(METHODS))}.") from None
 
 
-__all__ = ["METHODS", "AgentGRPOConfig", "AgentGRPOTrainer", "GiGPOConfig", "GiGPOTrainer", "Method", "get_method"]
+__all__ = [
+    "METHODS",
+    "AgentGRPOConfig",
+    "AgentGRPOTrainer",
+    "BEPOConfig",
+    "BEPOTrainer",
+    "CASTConfig",
+    "CASTTrainer",
+    "ECPOConfig",
+    "ECPOTrainer",
+    "GiGPOConfig",
+    "GiGPOTrainer",
+    "Method",
+    "ProGPOConfig",
+    "ProGPOTrainer",
+    "SCPOConfig",
+    "SCPOTrainer",
+    "SSPOConfig",
+    "SSPOTrainer",
+    "VICTConfig",
+    "VICTTrainer",
+    "get_method",
+]

@@ -1,0 +1,144 @@
+"""Credit-assignment methods compared on the same tiny budgets: held-out success after the same number of RL steps.
+
+For every (env, seed) the tiny model is warm-started ONCE on solver demonstrations (the first method's run does it);
+every method then starts from that same checkpoint, trains the same number of RL steps on the same tasks with the
+same batch, and is evaluated greedily on the same held-out tasks. Each run is a fresh `trl-agents train` process,
+one after the other (they would share the 2 cores otherwise). Methods an env cannot run (e.g. VICT needs
+`verify()`, which Sokoban and FrozenLake lack) are reported as n/a with the reason.
+
+Results go to `benchmarks/results/credit_compare.{json,md}`, updated after every run (an interrupted benchmark keeps
+what it measured; rerunning skips finished runs).
+
+    python benchmarks/credit_compare.py                                  # everything, 3 seeds
+    python benchmarks/credit_compare.py --envs frozenlake --methods grpo gigpo cast --seeds 0
+    python benchmarks/credit_compare.py --max_steps 60 --num_eval_tasks 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# The tiny settings: the quickstart's FrozenLake and the tiny Sokoban config (warm start + RL on the tiny model).
+ENV_CONFIGS = {
+    "frozenlake": ROOT / "configs" / "quickstart.yaml",
+    "sokoban": ROOT / "configs" / "gigpo_sokoban_tiny.yaml",
+}
+
+
+def run_one(env: str, method: str, seed: int, args, output_root: Path) -> dict:
+    output_dir = output_root / env / f"seed-{seed}" / method
+    warm = output_root / env / f"seed-{seed}" / "warm-start"
+    command = [
+        sys.executable, "-m", "trl_agents.cli", "train", "--config", str(ENV_CONFIGS[env]),
+        "--method", method, "--seed", str(seed), "--output_dir", str(output_dir),
+        "--max_steps", str(args.max_steps), "--time_budget", "1000000",
+        "--per_device_train_batch_size", str(args.batch_size), "--num_eval_tasks", str(args.num_eval_tasks),
+        "--disable_tqdm", "true",
+    ]
+    if (warm / "config.json").exists():  # every method starts from the same warm-started checkpoint
+        command += ["--tiny_model", "false", "--model_name_or_path", str(warm), "--warm_start_steps", "0"]
+    environ = dict(os.environ, HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    started = time.monotonic()
+    completed = subprocess.run(command, env=environ, capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - started
+    if completed.returncode != 0:
+        tail = (completed.stdout + completed.stderr)[-1500:]
+        reason = next((line for line in reversed(tail.splitlines()) if "error" in line.lower()), tail[-300:])
+        return {"env": env, "method": method, "seed": seed, "status": "failed", "reason": reason.strip()}
+    if not (warm / "config.json").exists() and (output_dir / "warm-start" / "config.json").exists():
+        warm.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(output_dir / "warm-start", warm)
+    result = json.loads((output_dir / "eval_results.json").read_text())
+    return {
+        "env": env, "method": method, "seed": seed, "status": "ok",
+        "before": result["eval_before_rl"]["success_rate"], "after": result["eval_after_rl"]["success_rate"],
+        "rl_steps": result["rl_steps"], "rl_seconds": result["rl_seconds"], "wall_seconds": wall,
+    }
+
+
+def unsupported_reason(env: str, method: str) -> str | None:
+    from trl_agents.envs import get_env_class
+    from trl_agents.trainers import get_method
+
+    needed = get_method(method).env_capabilities
+    missing = [c for c in needed if c not in get_env_class(env).capabilities()]
+    return f"needs {', '.join(missing)}" if missing else None
+
+
+def table(rows: list[dict], methods: list[str], envs: list[str]) -> str:
+    lines = [
+        "| method | " + " | ".join(f"{env}: after RL (mean ± std over seeds) | {env}: gain (points)" for env in envs) + " |",
+        "|---|" + "---|---|" * len(envs),
+    ]
+    for method in methods:
+        cells = []
+        for env in envs:
+            mine = [r for r in rows if r["env"] == env and r["method"] == method]
+            ok = [r for r in mine if r["status"] == "ok"]
+            if ok:
+                after = [r["after"] for r in ok]
+                gain = [100 * (r["after"] - r["before"]) for r in ok]
+                spread = f" ± {statistics.stdev(after):.3f}" if len(after) > 1 else ""
+                cells += [f"{statistics.mean(after):.3f}{spread} (n={len(ok)})", f"{statistics.mean(gain):+.1f}"]
+            elif mine:
+                cells += [f"{mine[0]['status']}: {mine[0].get('reason', '')}", ""]
+            else:
+                cells += ["not run", ""]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from trl_agents.trainers import METHODS
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENV_CONFIGS), choices=list(ENV_CONFIGS))
+    parser.add_argument("--methods", nargs="+", default=[m for m in METHODS if m not in ("dr_grpo", "rloo")])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max_steps", type=int, default=30, help="RL steps per run (the same for every method)")
+    parser.add_argument("--batch_size", type=int, default=64, help="episodes per RL step (tasks x generations)")
+    parser.add_argument("--num_eval_tasks", type=int, default=300)
+    parser.add_argument("--output_root", default=str(ROOT / "outputs" / "bench-credit"))
+    args = parser.parse_args()
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    json_path = RESULTS / "credit_compare.json"
+    previous = json.loads(json_path.read_text())["rows"] if json_path.exists() else []
+    settings = {k: getattr(args, k) for k in ("max_steps", "batch_size", "num_eval_tasks")}
+    rows = [r for r in previous if r.get("settings") == settings]
+    done = {(r["env"], r["method"], r["seed"]) for r in rows}
+    for env in args.envs:
+        for seed in args.seeds:
+            for method in args.methods:
+                if (env, method, seed) in done:
+                    continue
+                reason = unsupported_reason(env, method)
+                if reason:
+                    row = {"env": env, "method": method, "seed": seed, "status": "n/a", "reason": reason}
+                else:
+                    row = run_one(env, method, seed, args, Path(args.output_root))
+                row["settings"] = settings
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "settings"}), flush=True)
+                json_path.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+                md = table(rows, args.methods, args.envs)
+                (RESULTS / "credit_compare.md").write_text(
+                    "Held-out greedy success after the same RL budget from the same warm-started tiny model "
+                    f"(`python benchmarks/credit_compare.py`, settings {settings}; "
+                    f"{os.cpu_count()} CPU cores).\n\n" + md + "\n"
+                )
+    print(table(rows, args.methods, args.envs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""ProGPO: exact-prefix peer comparison plus potential-based transition credit (Fan & Liu 2026, arXiv 2607.04242).
+
+The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: A = A^E + w_p·A^peer + w_tr·A^tr/σ_tr, where
+A^peer compares the returns of episodes that acted after the exact same history, and A^tr = γΦ(s') − Φ(s) is the
+difference of rollout-estimated success potentials, fused across history depths by inverse variance (math in
+`trl_agents/credit/progpo.py`; spec methods_specs.md §2.3, mostly our design [D] because only the abstract is
+available). σ_tr is the std of the transition credits over the whole generation batch (all processes).
+
+Example:
+    ```python
+    from datasets import Dataset
+    from trl_agents.envs import get_env_class
+    from trl_agents.trainers.progpo import ProGPOConfig, ProGPOTrainer
+
+    tasks = Dataset.from_list(get_env_class("alfworld").task_split("train", 256))
+    config = ProGPOConfig(output_dir="alfworld-progpo", max_turns=50, max_completion_length=512)
+    ProGPOTrainer(model="Qwen/Qwen2.5-1.5B-Instruct", args=config, train_dataset=tasks).train()
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..credit.progpo import ANCHORS, MODES, PREFIXES, combine_parts, progpo_parts, transition_scale
+from ..trajectory import Group
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+
+TRANSITION_NORMS = ("batch", "group", "none")
+
+
+@dataclass
+class ProGPOConfig(AgentGRPOConfig):
+    r"""
+    Configuration of [`ProGPOTrainer`]: every [`AgentGRPOConfig`] field plus ProGPO's (methods_specs.md §2.3).
+
+    Args:
+        gamma (`float`, *optional*, defaults to `0.95`): Discount of the step returns and of the potential
+            difference γΦ(s') − Φ(s).
+        peer_weight (`float`, *optional*, defaults to `1.0`): w_p, weight of the exact-prefix peer advantage.
+        transition_weight (`float`, *optional*, defaults to `1.0`): w_tr, weight of the transition credit.
+        transition_norm (`str`, *optional*, defaults to `"batch"`): σ_tr: std over the batch, the group, or none.
+        progpo_mode (`str`, *optional*, defaults to `"mean_std_norm"`): z-score or centre A^E and A^peer.
+        episode_statistic (`str`, *optional*, defaults to `"trajectories"`): Population of the A^E statistic.
+        prefix (`str`, *optional*, defaults to `"interaction"`): What two histories must share to be peers.
+        anchor (`str`, *optional*, defaults to `"state_key"`): State identity of the potentials.
+        potential_depth (`int`, *optional*, defaults to `2`): K, deepest history context fused into Φ.
+        potential_smoothing (`bool`, *optional*, defaults to `True`): Beta(1, 1) prior on the success rates.
+        potential_variance_floor (`float`, *optional*, defaults to `1e-4`): ε₀ added to each variance.
+    """
+
+    gamma: float = field(
+        default=0.95,
+        metadata={"help": "Discount γ of the step returns R_t and of the transition credit γΦ(s_{t+1}) − Φ(s_t) "
+        "(verl-agent ALFWorld/WebShop scripts: 0.95; methods_specs.md §0.4)."},
+    )
+    peer_weight: float = field(
+        default=1.0,
+        metadata={"help": "w_p, weight of the exact-prefix peer advantage A^peer (our choice: 1, as GiGPO's ω; "
+        "methods_specs.md §2.3 step 5 [D])."},
+    )
+    transition_weight: float = field(
+        default=1.0,
+        metadata={"help": "w_tr, weight of the normalised transition credit A^tr/σ_tr (our choice: 1; "
+        "methods_specs.md §2.3 step 5 [D])."},
+    )
+    transition_norm: str = field(
+        default="batch",
+        metadata={"help": "σ_tr dividing the transition credit: 'batch' (std over the step rows of the generation "
+        "batch, all processes, of the groups with both successes and failures, the only ones with transition "
+        "credit; methods_specs.md §2.3 step 5 [D]), 'group' (std within the task's group) or 'none' (σ_tr = 1). "
+        "A std of 0 counts as 1. Our choice."},
+    )
+    progpo_mode: str = field(
+        default="mean_std_norm",
+        metadata={"help": "Normalisation of A^E and A^peer: 'mean_std_norm' (z-score, F = std + 1e-6; our choice "
+        "following HGPO, whose groups are z-scored, methods_specs.md §2.3) or 'mean_norm' (F = 1)."},
+    )
+    episode_statistic: str = field(
+        default="trajectories",
+        metadata={"help": "Population of the episode-level mean/std of A^E: 'trajectories' (GRPO, the spec's A^E_i; "
+        "our choice) or 'step_rows' (verl-agent: longer episodes weigh more)."},
+    )
+    prefix: str = field(
+        default="interaction",
+        metadata={"help": "Exact-prefix peers (methods_specs.md §2.3 step 1): 'interaction' = same observations and "
+        "canonical actions before the step and same current observation (the spec's 'entire interaction "
+        "prefix'); 'actions' = same canonical actions only (equal in deterministic environments). Canonical "
+        "action (our choice): step.info['action'] (ALFWorld: 'command') when the env reports one, else the reply "
+        "lower-cased with whitespace collapsed."},
+    )
+    anchor: str = field(
+        default="state_key",
+        metadata={"help": "State identity s of the potentials Φ(C_k(s)): 'state_key' (the env's canonical state, "
+        "the observation text when a step has none; our choice) or 'observation' (raw observation text)."},
+    )
+    potential_depth: int = field(
+        default=2,
+        metadata={"help": "K: potentials are estimated on the history contexts C_k(s_t) = (s_{t−k}, …, s_t) for "
+        "k = 0..K and fused by inverse variance (our choice: 2, HGPO's memory window 2 or 4; methods_specs.md "
+        "§2.3 step 2 [D])."},
+    )
+    potential_smoothing: bool = field(
+        default=True,
+        metadata={"help": "Beta(1, 1) prior on each context's success rate, Φ̂ = (successes + 1)/(visits + 2) "
+        "(our choice, methods_specs.md §2.3 step 2 [D]); False: successes/visits."},
+    )
+    potential_variance_floor: float = field(
+        default=1e-4,
+        metadata={"help": "ε₀ in Var_k = Φ̂_k(1 − Φ̂_k)/n_k + ε₀, so that no context gets infinite weight "
+        "(our choice, methods_specs.md §2.3 step 2 [D])."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_choice("transition_norm", self.transition_norm, TRANSITION_NORMS)
+        _check_choice("progpo_mode", self.progpo_mode, MODES)
+        _check_choice("episode_statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        _check_choice("prefix", self.prefix, PREFIXES)
+        _check_choice("anchor", self.anchor, ANCHORS)
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        for name in ("peer_weight", "transition_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+        if self.potential_depth < 0:
+            raise ValueError(f"potential_depth must be >= 0 (0 = the current state only), got {self.potential_depth}")
+        if not (math.isfinite(self.potential_variance_floor) and self.potential_variance_floor > 0):
+            raise ValueError(f"potential_variance_floor must be > 0 (e.g. 1e-4), got {self.potential_variance_floor}")
+
+
+class ProGPOTrainer(AgentGRPOTrainer):
+    """ProGPO on `AgentGRPOTrainer`: the only change is `compute_advantages` (see the module docstring)."""
+
+    _tag_names = ["trl", "trl-agents", "progpo"]
+    _name = "ProGPO"
+    _config_class = ProGPOConfig
+
+    def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
+        args = self.args
+        parts = [
+            progpo_parts(
+                group,
+                gamma=args.gamma,
+                mode=args.progpo_mode,
+                statistic=args.episode_statistic,
+                prefix=args.prefix,
+                anchor=args.anchor,
+                max_depth=args.potential_depth,
+                smoothing=args.potential_smoothing,
+                variance_floor=args.potential_variance_floor,
+                invalid_penalty=args.invalid_action_penalty,
+            )
+            for group in groups
+        ]
+        if args.transition_norm == "batch":
+            scales = [self._batch_transition_std(parts)] * len(parts)
+        elif args.transition_norm == "group":
+            scales = [transition_scale([v for row in p.transition for v in row]) for p in parts]
+        else:
+            scales = [1.0] * len(parts)
+        advantages = [
+            combine_parts(p, peer_weight=args.peer_weight, transition_weight=args.transition_weight, scale=s)
+            for p, s in zip(parts, scales, strict=True)
+        ]
+        stats = [p.stats for p in parts if p.stats["num_rows"]]
+        if stats:
+            mode = "train" if self.model.training else "eval"
+            metrics = self._metrics[mode]
+            for name in ("peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential"):
+                metrics[f"progpo/{name}"].append(sum(s[name] for s in stats) / len(stats))
+            metrics["progpo/transition_std"].append(sum(scales) / len(scales))
+        return advantages
+
+    def _batch_transition_std(self, parts) -> float:
+        """σ_tr over the step rows of the generation batch, on all processes (two passes: mean, then squares).
+
+        Only groups with outcome contrast count: the others have A^tr ≡ 0, and in a batch of mostly all-failed groups
+        (early training) their zeros would shrink σ_tr and inflate the credit of the rest (our choice).
+        """
+        values = [v for p in parts if p.stats["outcome_contrast"] for row in p.transition for v in row]
+        device = self.accelerator.device
+
+        def total(*numbers: float) -> list[float]:
+            summed = self.accelerator.reduce(torch.tensor(numbers, dtype=torch.float64, device=device), reduction="sum")
+            return summed.tolist()
+
+        count, value_sum = total(float(len(values)), float(sum(values)))
+        if count < 2:
+            return 1.0
+        mean = value_sum / count
+        (squares,) = total(float(sum((v - mean) ** 2 for v in values)))
+        std = math.sqrt(squares / (count - 1))
+        return std if std > 0 else 1.0
