@@ -25,7 +25,7 @@ from trl_agents.credit.progpo import (
     transition_scale,
 )
 from trl_agents.envs import AgentEnv, register_env
-from trl_agents.trainers import METHODS, Method
+from trl_agents.trainers import METHODS
 from trl_agents.trainers.progpo import ProGPOConfig, ProGPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
 
@@ -364,9 +364,9 @@ def test_no_capability_is_required(tiny_model, tokenizer, tmp_path):
 
 @pytest.fixture
 def registered():
-    METHODS["progpo"] = Method("progpo", ProGPOConfig, ProGPOTrainer, {}, "arXiv 2607.04242")
+    """The method as registered in `trainers.METHODS` (what `trl-agents train` looks up)."""
+    assert METHODS["progpo"].trainer_class is ProGPOTrainer
     yield
-    del METHODS["progpo"]
 
 
 @pytest.mark.parametrize("name", ["progpo_alfworld.yaml", "progpo_sokoban_tiny.yaml"])

@@ -31,7 +31,7 @@ from trl_agents.credit.scpo import (
     shaped_group,
 )
 from trl_agents.envs import AgentEnv, register_env
-from trl_agents.trainers import METHODS, Method
+from trl_agents.trainers import METHODS
 from trl_agents.trainers.scpo import SCPOConfig, SCPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
 
@@ -368,9 +368,9 @@ def test_no_capability_is_required_and_scorer_choice(tiny_model, tokenizer, tmp_
 
 @pytest.fixture
 def registered():
-    METHODS["scpo"] = Method("scpo", SCPOConfig, SCPOTrainer, {}, "arXiv 2606.25852")
+    """The method as registered in `trainers.METHODS` (what `trl-agents train` looks up)."""
+    assert METHODS["scpo"].trainer_class is SCPOTrainer
     yield
-    del METHODS["scpo"]
 
 
 @pytest.mark.parametrize("name", ["scpo_alfworld.yaml", "scpo_sokoban_tiny.yaml"])

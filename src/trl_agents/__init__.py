@@ -39,6 +39,8 @@ _LAZY = {
     "ProGPOTrainer": "trainers",
     "SCPOConfig": "trainers",
     "SCPOTrainer": "trainers",
+    "BiPACEConfig": "trainers",
+    "BiPACETrainer": "trainers",
     "METHODS": "trainers",
     "get_method": "trainers",
     "Step": "trajectory",
@@ -49,6 +51,8 @@ _LAZY = {
 
 __all__ = [
     "METHODS",
+    "BiPACETrainer",
+    "BiPACEConfig",
     "SCPOTrainer",
     "SCPOConfig",
     "ProGPOTrainer",

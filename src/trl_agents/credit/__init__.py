@@ -22,6 +22,7 @@ from .base import (
     register_estimator,
 )
 from .bepo import BellmanCredit, bellman_credit, bepo_advantages, bepo_advantages_with_stats
+from .bipace import bipace_advantages, bipace_advantages_with_stats, greedy_cosine_clusters, pace_step_advantages
 from .cast import cast_advantages, cast_advantages_with_stats
 from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advantages_with_stats
 from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
@@ -43,6 +44,8 @@ __all__ = [
     "bellman_credit",
     "bepo_advantages",
     "bepo_advantages_with_stats",
+    "bipace_advantages",
+    "bipace_advantages_with_stats",
     "canonical_action",
     "cast_advantages",
     "cast_advantages_with_stats",
@@ -53,8 +56,10 @@ __all__ = [
     "get_scorer",
     "gigpo_advantages",
     "gigpo_advantages_with_stats",
+    "greedy_cosine_clusters",
     "grpo_advantages",
     "normalize_text",
+    "pace_step_advantages",
     "progpo_advantages",
     "progpo_parts",
     "register_estimator",

@@ -31,6 +31,7 @@ import json
 import math
 from collections.abc import Callable, Hashable, Sequence
 
+from ..envs.parsing import extract_answer
 from ..trajectory import Group, Step
 
 StepAdvantages = list[list[float]]
@@ -197,12 +198,15 @@ def canonical_action(step: Step, *, merge_invalid: bool = False) -> str:
 
     In order: `INVALID_ACTION` for a rejected step when `merge_invalid` (every rejected action is the same no-op,
     whatever its text); the env's parsed action (`info["action"]`, or ALFWorld's `info["command"]`); else the
-    action text. Always normalised (`normalize_text`); non-string values are JSON-encoded, so the result hashes.
+    answer region of the reply (`extract_answer`: the last <action>/``` block, else the text without <think>).
+    Always normalised (`normalize_text`); non-string values are JSON-encoded, so the result hashes.
 
     >>> canonical_action(Step("s", "I go <action>UP</action>", info={"action": "up"}))
     'up'
     >>> canonical_action(Step("s", "  Go   North "))
     'go north'
+    >>> canonical_action(Step("s", "<think>left is a wall</think><action> Go  UP </action>"))
+    'go up'
     >>> rejected = Step("s", "Jump!", valid=False)
     >>> canonical_action(rejected, merge_invalid=True), canonical_action(rejected)
     ('<invalid>', 'jump!')
@@ -214,7 +218,7 @@ def canonical_action(step: Step, *, merge_invalid: bool = False) -> str:
         value = info.get(key)
         if value is not None and value != "":
             return normalize_text(value) if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return normalize_text(step.action_text)
+    return normalize_text(extract_answer(step.action_text))
 
 
 def anchor_key(step: Step, anchor: str) -> Hashable:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .gigpo import GiGPOConfig, GiGPOTrainer
+from .bipace import BiPACEConfig, BiPACETrainer
 from .scpo import SCPOConfig, SCPOTrainer
 from .progpo import ProGPOConfig, ProGPOTrainer
 from .sspo import SSPOConfig, SSPOTrainer
@@ -90,6 +91,11 @@ METHODS: dict[str, Method] = {
         inputs=("episode returns", "success labels", "step rewards", "step observations + canonical actions (scorer)",
                 "state keys (observation text when the env has none)"),
     ),
+    "bipace": Method(
+        "bipace", BiPACEConfig, BiPACETrainer, {}, "arXiv 2606.25556",
+        inputs=("episode returns", "step rewards", "policy hidden states of the step prompts (layer hidden_layer)",
+                "action keys (info['action'] or the <action> text)"),
+    ),
 }
 
 
@@ -109,6 +115,8 @@ __all__ = [
     "AgentGRPOTrainer",
     "BEPOConfig",
     "BEPOTrainer",
+    "BiPACEConfig",
+    "BiPACETrainer",
     "CASTConfig",
     "CASTTrainer",
     "ECPOConfig",
