@@ -31,6 +31,11 @@ def test_config_parses(path):
         ["--config", path]
     )
     assert config.env_name and (run.tiny_model or model.model_name_or_path)
+    # the env a config names has what its method needs (the trainer would refuse it at start-up otherwise)
+    from trl_agents.envs import get_env_class
+
+    missing = set(method.env_capabilities) - get_env_class(config.env_name).capabilities()
+    assert not missing, f"{os.path.basename(path)}: {config.env_name} lacks {missing} needed by {method.name}"
 
 
 @pytest.mark.slow
