@@ -111,5 +111,18 @@ def test_envs_detail_and_unknown_name(capsys):
     detail = capsys.readouterr().out
     assert "capabilities: optimal_plan, restore, snapshot, solver_value, state_key" in detail
     assert "splits: train, eval" in detail and "instructions shown to the policy" in detail
+    assert "README: envs/frozenlake/README.md" in detail
     with pytest.raises(SystemExit, match="Did you mean 'sokoban'"):
         main(["envs", "sokobn"])
+
+
+def test_every_env_names_an_existing_readme(capsys):
+    from trl_agents.envs import list_envs
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    for name in list_envs():
+        if name.startswith("test-"):
+            continue
+        main(["envs", name])
+        readme = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("README: "))
+        assert os.path.exists(os.path.join(root, readme.split()[1])), readme

@@ -165,9 +165,22 @@ def list_envs(argv: list[str] | None = None) -> None:
         f" (missing: {', '.join(cls.missing_requirements())})" if cls.missing_requirements() else ""))
     splits = [split for split in ("train", "eval", "unseen") if _has_split(cls, split)]
     print(f"splits: {', '.join(splits) or '-'}")
-    print(f"README: envs/{cls.name.replace('-', '_')}/README.md in the repository")
+    print(f"README: {_env_readme(cls)} in the repository")
     print("instructions shown to the policy:")
     print("  " + cls.instructions.replace("\n", "\n  "))
+
+
+def _env_readme(cls) -> str:
+    """`envs/<folder>/README.md`: the folder is named after the env, or after its module (webshop-lite lives in
+    webshop.py and shares its README)."""
+    from pathlib import Path
+
+    repository = Path(__file__).resolve().parents[2]
+    module = cls.__module__.rsplit(".", 1)[-1]
+    for folder in (cls.name, cls.name.replace("-", "_"), module):
+        if (repository / "envs" / folder / "README.md").exists():
+            return f"envs/{folder}/README.md"
+    return f"envs/{module}/README.md"
 
 
 def _has_split(cls, split: str) -> bool:
