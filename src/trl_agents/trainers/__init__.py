@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
-from .gigpo import GiGPOConfig, GiGPOTrainer
+from .bepo import BEPOConfig, BEPOTrainer
 from .bipace import BiPACEConfig, BiPACETrainer
-from .scpo import SCPOConfig, SCPOTrainer
-from .progpo import ProGPOConfig, ProGPOTrainer
-from .sspo import SSPOConfig, SSPOTrainer
 from .cast import CASTConfig, CASTTrainer
 from .ecpo import ECPOConfig, ECPOTrainer
-from .bepo import BEPOConfig, BEPOTrainer
+from .gigpo import GiGPOConfig, GiGPOTrainer
+from .progpo import ProGPOConfig, ProGPOTrainer
+from .scpo import SCPOConfig, SCPOTrainer
+from .sspo import SSPOConfig, SSPOTrainer
 from .vict import VICTConfig, VICTTrainer
 
 

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -416,6 +417,15 @@ class AgentGRPOTrainer(GRPOTrainer):
         number of accumulation steps, as TRL does with its own loss.
         """
         return None
+
+    def log_mean_metrics(self, prefix: str, stats: list[dict[str, float]], names: Sequence[str]) -> None:
+        """Log the mean over `stats` (one dict of diagnostics per group) of each of `names` as `<prefix>/<name>`;
+        nothing when `stats` is empty. Method trainers use it for their credit diagnostics."""
+        if not stats:
+            return
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for name in names:
+            metrics[f"{prefix}/{name}"].append(sum(s[name] for s in stats) / len(stats))
 
     def prepare_signals(self, batch: RolloutBatch, groups: list[Group], output: dict[str, Any]) -> None:
         """Add extra per-row tensors to the training batch `output` (e.g. teacher log-probs under a privileged

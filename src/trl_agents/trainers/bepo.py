@@ -127,7 +127,7 @@ class BEPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, totals, counts = [], {"num_states": 0.0, "gated_row_fraction": 0.0, "bellman_std": 0.0}, 0
+        advantages, stats_with_states = [], []
         for group in groups:
             group_advantages, stats = bepo_advantages_with_stats(
                 group,
@@ -146,11 +146,6 @@ class BEPOTrainer(AgentGRPOTrainer):
             )
             advantages.append(group_advantages)
             if stats["num_states"]:
-                for name in totals:
-                    totals[name] += stats[name]
-                counts += 1
-        if counts:
-            mode = "train" if self.model.training else "eval"
-            for name, total in totals.items():
-                self._metrics[mode][f"bepo/{name}"].append(total / counts)
+                stats_with_states.append(stats)
+        self.log_mean_metrics("bepo", stats_with_states, ("num_states", "gated_row_fraction", "bellman_std"))
         return advantages

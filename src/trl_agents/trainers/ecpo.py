@@ -122,8 +122,7 @@ class ECPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        names = ("mean_anchor_group_size", "singleton_fraction", "mean_actions_per_anchor", "mean_gate")
-        advantages, totals, counts = [], dict.fromkeys(names, 0.0), 0
+        advantages, stats_with_anchors = [], []
         for group in groups:
             group_advantages, stats = ecpo_advantages_with_stats(
                 group,
@@ -141,11 +140,7 @@ class ECPOTrainer(AgentGRPOTrainer):
             )
             advantages.append(group_advantages)
             if stats["num_anchor_groups"]:
-                for name in names:
-                    totals[name] += stats[name]
-                counts += 1
-        if counts:
-            mode = "train" if self.model.training else "eval"
-            for name, total in totals.items():
-                self._metrics[mode][f"ecpo/{name}"].append(total / counts)
+                stats_with_anchors.append(stats)
+        names = ("mean_anchor_group_size", "singleton_fraction", "mean_actions_per_anchor", "mean_gate")
+        self.log_mean_metrics("ecpo", stats_with_anchors, names)
         return advantages

@@ -167,12 +167,11 @@ class ProGPOTrainer(AgentGRPOTrainer):
             for p, s in zip(parts, scales, strict=True)
         ]
         stats = [p.stats for p in parts if p.stats["num_rows"]]
+        self.log_mean_metrics("progpo", stats, ("peer_fraction", "mean_prefix_group_size", "outcome_contrast",
+                                                 "mean_potential"))
         if stats:
             mode = "train" if self.model.training else "eval"
-            metrics = self._metrics[mode]
-            for name in ("peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential"):
-                metrics[f"progpo/{name}"].append(sum(s[name] for s in stats) / len(stats))
-            metrics["progpo/transition_std"].append(sum(scales) / len(scales))
+            self._metrics[mode]["progpo/transition_std"].append(sum(scales) / len(scales))
         return advantages
 
     def _batch_transition_std(self, parts) -> float:
