@@ -46,6 +46,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import pad, shuffle_sequence_dict
 
 from ..credit import get_estimator
+from ..credit.base import check_choice
 from ..envs import get_env_class
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
@@ -145,9 +146,9 @@ class AgentGRPOConfig(GRPOConfig):
             self.dataloader_pin_memory = False  # nothing to pin to; avoids a warning per dataloader
         self.env_kwargs = as_dict(self.env_kwargs, "env_kwargs")
         check_field_types(self, self._agent_field_names())
-        _check_choice("row_format", self.row_format, ROW_FORMATS)
-        _check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
-        _check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
+        check_choice("row_format", self.row_format, ROW_FORMATS)
+        check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
+        check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
@@ -240,11 +241,6 @@ def as_dict(value: dict | str | None, name: str) -> dict[str, Any]:
 
 def _has_other_accelerator() -> bool:
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
 
 
 def check_field_types(config: Any, names: list[str]) -> None:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..credit.base import check_choice
 from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS, bepo_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 
 @dataclass
@@ -105,12 +106,12 @@ class BEPOConfig(AgentGRPOConfig):
             raise ValueError(f"gamma must be in (0, 1] (the discount β of the Bellman backup), got {self.gamma}")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
-        _check_choice("bepo_gate", self.bepo_gate, GATES)
-        _check_choice("bepo_mixing", self.bepo_mixing, MIXINGS)
+        check_choice("bepo_gate", self.bepo_gate, GATES)
+        check_choice("bepo_mixing", self.bepo_mixing, MIXINGS)
         if not (math.isfinite(self.mixing_n0) and self.mixing_n0 > 0):
             raise ValueError(f"mixing_n0 must be a number > 0 (visits for full weight), got {self.mixing_n0}")
-        _check_choice("bellman_norm", self.bellman_norm, BELLMAN_NORMS)
-        _check_choice("anchor", self.anchor, ("state_key", "observation"))
+        check_choice("bellman_norm", self.bellman_norm, BELLMAN_NORMS)
+        check_choice("anchor", self.anchor, ("state_key", "observation"))
         if self.similarity_threshold is not None and not 0.0 < self.similarity_threshold < 1.0:
             raise ValueError(
                 f"similarity_threshold must be in (0, 1), or None for exact anchors; got {self.similarity_threshold}"

@@ -39,9 +39,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..credit.base import check_choice
 from ..credit.bipace import bipace_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 HIDDEN_STATE_SOURCES = ("rollout", "forward")
 POOLINGS = ("last_token", "mean")
@@ -135,13 +136,13 @@ class BiPACEConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("pace_estimator", self.pace_estimator, ("q_style", "diff_peer"))
-        _check_choice("action_key", self.action_key, ("action_tag", "first_tokens"))
-        _check_choice("pooling", self.pooling, POOLINGS)
-        _check_choice("centroid", self.centroid, ("mean", "first"))
-        _check_choice("episode_mode", self.episode_mode, ("mean_norm", "mean_std_norm"))
-        _check_choice("episode_statistic", self.episode_statistic, ("step_rows", "trajectories"))
-        _check_choice("hidden_state_source", self.hidden_state_source, HIDDEN_STATE_SOURCES)
+        check_choice("pace_estimator", self.pace_estimator, ("q_style", "diff_peer"))
+        check_choice("action_key", self.action_key, ("action_tag", "first_tokens"))
+        check_choice("pooling", self.pooling, POOLINGS)
+        check_choice("centroid", self.centroid, ("mean", "first"))
+        check_choice("episode_mode", self.episode_mode, ("mean_norm", "mean_std_norm"))
+        check_choice("episode_statistic", self.episode_statistic, ("step_rows", "trajectories"))
+        check_choice("hidden_state_source", self.hidden_state_source, HIDDEN_STATE_SOURCES)
         if not 0.0 <= self.cluster_epsilon <= 2.0:
             raise ValueError(
                 f"cluster_epsilon must be a cosine distance in [0, 2], got {self.cluster_epsilon} (README: 0.05 for "

@@ -26,11 +26,12 @@ from typing import ClassVar
 
 import torch
 
+from ..credit.base import check_choice
 from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS, Moments, cast_advantages_with_stats
 from ..envs import get_env_class
 from ..envs.minesweeper import Minesweeper
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 
 @dataclass
@@ -81,9 +82,9 @@ class CASTConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("cast_transform", self.cast_transform, TRANSFORMS)
-        _check_choice("cast_norm", self.cast_norm, NORMS)
-        _check_choice("solver_rule", self.solver_rule, ("auto", *SOLVER_RULES))
+        check_choice("cast_transform", self.cast_transform, TRANSFORMS)
+        check_choice("cast_norm", self.cast_norm, NORMS)
+        check_choice("solver_rule", self.solver_rule, ("auto", *SOLVER_RULES))
         if not (math.isfinite(self.cast_alpha) and self.cast_alpha >= 0):
             raise ValueError(f"cast_alpha must be a finite number >= 0 (paper: 0.1), got {self.cast_alpha}")
         if not self.cast_eps > 0:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..credit.base import check_choice
 from ..credit.ecpo import ecpo_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 
 @dataclass
@@ -104,8 +105,8 @@ class ECPOConfig(AgentGRPOConfig):
             raise ValueError(
                 f"variance_gate_tau must be > 0, or None for the group size; got {self.variance_gate_tau}"
             )
-        _check_choice("ecpo_mode", self.ecpo_mode, ("mean_norm", "mean_std_norm"))
-        _check_choice("anchor", self.anchor, ("state_key", "observation"))
+        check_choice("ecpo_mode", self.ecpo_mode, ("mean_norm", "mean_std_norm"))
+        check_choice("anchor", self.anchor, ("state_key", "observation"))
         if self.similarity_threshold is not None and not 0.0 < self.similarity_threshold < 1.0:
             raise ValueError(
                 f"similarity_threshold must be in (0, 1), or None for exact anchors; got {self.similarity_threshold}"

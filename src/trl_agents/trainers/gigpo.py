@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..credit import gigpo_advantages_with_stats
+from ..credit.base import check_choice
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 
 @dataclass
@@ -73,9 +74,9 @@ class GiGPOConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("gigpo_mode", self.gigpo_mode, ("mean_norm", "mean_std_norm"))
-        _check_choice("episode_statistic", self.episode_statistic, ("step_rows", "trajectories"))
-        _check_choice("anchor", self.anchor, ("state_key", "observation"))
+        check_choice("gigpo_mode", self.gigpo_mode, ("mean_norm", "mean_std_norm"))
+        check_choice("episode_statistic", self.episode_statistic, ("step_rows", "trajectories"))
+        check_choice("anchor", self.anchor, ("state_key", "observation"))
         if self.similarity_threshold is not None and not 0.0 < self.similarity_threshold < 1.0:
             raise ValueError(f"similarity_threshold must be in (0, 1), got {self.similarity_threshold}")
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..credit.base import check_choice
 from ..credit.progpo import ANCHORS, MODES, PREFIXES, combine_parts, progpo_parts, transition_scale
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 TRANSITION_NORMS = ("batch", "group", "none")
 
@@ -116,11 +117,11 @@ class ProGPOConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("transition_norm", self.transition_norm, TRANSITION_NORMS)
-        _check_choice("progpo_mode", self.progpo_mode, MODES)
-        _check_choice("episode_statistic", self.episode_statistic, ("trajectories", "step_rows"))
-        _check_choice("prefix", self.prefix, PREFIXES)
-        _check_choice("anchor", self.anchor, ANCHORS)
+        check_choice("transition_norm", self.transition_norm, TRANSITION_NORMS)
+        check_choice("progpo_mode", self.progpo_mode, MODES)
+        check_choice("episode_statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_choice("prefix", self.prefix, PREFIXES)
+        check_choice("anchor", self.anchor, ANCHORS)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         for name in ("peer_weight", "transition_weight"):

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..credit.base import check_choice
 from ..credit.scpo import SCORERS, SHAPING_LEVELS, SIBLING_CHOICES, Scorer, get_scorer, scpo_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import _check_choice
 from .gigpo import GiGPOConfig, GiGPOTrainer
 
 
@@ -100,8 +100,8 @@ class SCPOConfig(GiGPOConfig):
             raise ValueError(f"progress_threshold must be in (0, 1], got {self.progress_threshold}")
         if not (math.isfinite(self.progress_coef) and self.progress_coef >= 0.0):
             raise ValueError(f"progress_coef must be finite and >= 0 (0 = plain GiGPO), got {self.progress_coef}")
-        _check_choice("sibling", self.sibling, SIBLING_CHOICES)
-        _check_choice("shaping_level", self.shaping_level, SHAPING_LEVELS)
+        check_choice("sibling", self.sibling, SIBLING_CHOICES)
+        check_choice("shaping_level", self.shaping_level, SHAPING_LEVELS)
         if not (math.isfinite(self.scorer_action_weight) and 0.0 <= self.scorer_action_weight <= 1.0):
             raise ValueError(f"scorer_action_weight must be in [0, 1], got {self.scorer_action_weight}")
 

@@ -41,9 +41,10 @@ from typing import ClassVar
 
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..credit.base import check_choice
 from ..credit.sspo import MODES, SCOPES, TERMINAL_SCORES, StateScoreTable, sspo_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class SSPOConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("state_scope", self.state_scope, SCOPES)
-        _check_choice("terminal_score", self.terminal_score, TERMINAL_SCORES)
-        _check_choice("sspo_mode", self.sspo_mode, MODES)
+        check_choice("state_scope", self.state_scope, SCOPES)
+        check_choice("terminal_score", self.terminal_score, TERMINAL_SCORES)
+        check_choice("sspo_mode", self.sspo_mode, MODES)
         for name in ("score_alpha", "score_xi", "score_zeta", "omega_k"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

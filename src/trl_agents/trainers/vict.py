@@ -29,9 +29,10 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ..credit.base import check_choice
 from ..credit.vict import ABSTAIN_REASONS, FAILURE_CORES, vict_advantages_with_stats
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _check_choice
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
 
 @dataclass
@@ -66,7 +67,7 @@ class VICTConfig(AgentGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_choice("failure_core", self.failure_core, FAILURE_CORES)
+        check_choice("failure_core", self.failure_core, FAILURE_CORES)
         if not (math.isfinite(self.edge_share) and 0.0 <= self.edge_share <= 1.0):
             raise ValueError(
                 f"edge_share must be in [0, 1] (ρ: 1 moves all the credit onto the proof edges, 0 is GRPO), "
