@@ -148,7 +148,7 @@ class RolloutEngine:
                 episodes.extend(members)
             for turn in range(self.max_turns):
                 active = [episode for episode in episodes if not episode.finished]
-                if not active:
+                if not self._any_active(active):
                     break
                 self._turn(active)
                 if self.on_turn is not None:
@@ -157,6 +157,18 @@ class RolloutEngine:
             for episode in episodes:
                 self.env_pool.release(episode.env)
         return RolloutBatch(groups=groups)
+
+    @property
+    def _collective(self) -> bool:
+        return bool(getattr(self.generator, "collective", False))
+
+    def _any_active(self, active: list[_Episode]) -> bool:
+        """Whether to play another turn. A collective generator (vLLM server mode under several processes) needs
+        every process to call it the same number of times per turn, so the loop goes on, with empty prompt lists on
+        the processes whose episodes have all finished, until no process has an active episode."""
+        if self._collective:
+            return bool(self.generator.any_active(bool(active)))
+        return bool(active)
 
     # ---- one episode ---------------------------------------------------------------------------------------------
 
@@ -206,7 +218,7 @@ class RolloutEngine:
                 continue
             prompts.append(prompt_ids)
             ready.append(episode)
-        if not ready:
+        if not ready and not self._collective:
             return
         output = self.generator.generate(prompts, self.sampling)
         texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True)

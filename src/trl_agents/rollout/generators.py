@@ -59,7 +59,19 @@ class GenerationOutput:
 
 @runtime_checkable
 class Generator(Protocol):
-    """Anything that turns a batch of prompts (token ids) into one sampled completion per prompt."""
+    """Anything that turns a batch of prompts (token ids) into one sampled completion per prompt.
+
+    Optional members, looked up with `getattr`:
+
+    * `collective` (bool) and `any_active(local: bool) -> bool`: a collective generator (vLLM server mode under
+      several processes) must be called by every process the same number of times per turn; the engine then keeps
+      calling it, with an empty prompt list where a process has no active episode, while `any_active` (an
+      all-reduce of "this process still has an active episode") says so.
+    * `sync_weights()`: push the training weights to the inference engine; the trainer calls it once per optimizer
+      step, before the first rollout that follows the step.
+    * `samples_off_policy` (bool): the generator samples from a copy of the weights (an inference engine), so the
+      trainer applies TRL's importance-sampling correction (`vllm_importance_sampling_correction`).
+    """
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput: ...
 
