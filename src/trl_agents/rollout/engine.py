@@ -221,7 +221,8 @@ class RolloutEngine:
         if not ready and not self._collective:
             return
         output = self.generator.generate(prompts, self.sampling)
-        texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True)
+        # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
+        texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True) if ready else []
         for episode, prompt_ids, action_ids, logprobs, text in zip(
             ready, prompts, output.completion_ids, output.logprobs, texts, strict=True
         ):
