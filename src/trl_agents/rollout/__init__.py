@@ -3,6 +3,7 @@
 from .engine import ROW_FORMATS, EnvPool, RolloutEngine
 from .generators import GenerationOutput, Generator, SamplingParams, TransformersGenerator
 from .prompts import PromptRenderer, PromptTooLongError
+from .vllm import VLLMGenerator
 
 __all__ = [
     "ROW_FORMATS",
@@ -14,4 +15,5 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "TransformersGenerator",
+    "VLLMGenerator",
 ]

@@ -1,8 +1,8 @@
 """Generators: token ids in, token ids + sampling log-probs out.
 
 The rollout engine talks to a model only through the `Generator` protocol, one call per turn for all active
-episodes. `TransformersGenerator` runs `model.generate` (CPU or GPU); a vLLM server implementation plugs in by
-implementing the same `generate` method.
+episodes. `TransformersGenerator` runs `model.generate` (CPU or GPU); `VLLMGenerator` (`rollout/vllm.py`) runs TRL's
+vLLM backend, server or colocate mode.
 
 Log-probs are those of the sampled tokens under the temperature-scaled logits, `log_softmax(logits / T)`, which is
 what TRL's `_get_per_token_logps_and_entropies` computes at training time, so the two are directly comparable.

@@ -42,8 +42,9 @@ import pyarrow.parquet as pq
 import torch
 from datasets import Dataset, IterableDataset
 from trl import GRPOConfig, GRPOTrainer
+from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import pad, shuffle_sequence_dict
+from trl.trainer.utils import nanmax, nanmin, pad, shuffle_sequence_dict
 
 from ..credit import get_estimator
 from ..credit.base import check_choice
@@ -52,6 +53,7 @@ from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, Tr
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.generators import Generator
 from ..rollout.rows import TrainingRows, build_rows, split_rows
+from ..rollout.vllm import VLLMGenerator
 from ..trajectory import Group, RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -305,8 +307,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         processing_class: Tokenizer with a chat template (loaded from the model when None).
         callbacks, optimizers: As in `transformers.Trainer`.
         peft_config (`peft.PeftConfig`, *optional*): Train a PEFT adapter (e.g. LoRA) instead of the full model.
-        generator ([`~trl_agents.rollout.Generator`], *optional*): Replaces the built-in transformers generation
-            (e.g. a vLLM-server generator).
+        generator ([`~trl_agents.rollout.Generator`], *optional*): Replaces the built-in generation: transformers
+            `generate`, or vLLM with `use_vllm=True` (then TRL's `vllm_generation` wrapped in a `VLLMGenerator`).
         env_pool ([`~trl_agents.rollout.EnvPool`], *optional*): Where environment instances come from.
     """
 
@@ -344,6 +346,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         eval_dataset = _as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
         for dataset in (train_dataset, eval_dataset):
             self._check_env_capabilities(dataset, args)
+        _check_generator(generator, args)
         super().__init__(
             model=model,
             reward_funcs=[environment_return],
@@ -361,11 +364,14 @@ class AgentGRPOTrainer(GRPOTrainer):
             max_prompt_length=args.max_prompt_length,
             chat_template_kwargs=self.chat_template_kwargs,
         )
+        if generator is None and args.use_vllm:
+            generator = VLLMGenerator(self.vllm_generation, eos_token_ids=self.eos_token_ids)
         self.generator = generator or TransformersGenerator(
             tokenizer=self._tokenizer,
             eos_token_ids=self.eos_token_ids,
             model_context=self._model_for_generation,
         )
+        self._last_loaded_step = -1  # TRL's tag: the step whose weights the generator holds (-1: not synced yet)
         self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
         self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
@@ -465,12 +471,28 @@ class AgentGRPOTrainer(GRPOTrainer):
             record_signals=self.record_signals,
         )
 
+    def _sync_generator_weights(self) -> None:
+        """Push the weights to an inference engine once per optimizer step, before the step's first rollout (TRL
+        does the same with `_last_loaded_step`), in evaluation too: eval episodes must play the current policy."""
+        sync_weights = getattr(self.generator, "sync_weights", None)
+        if sync_weights is not None and self.state.global_step != self._last_loaded_step:
+            with profiling_context(self, "sync_weights"):
+                sync_weights()
+            self._last_loaded_step = self.state.global_step
+
+    @property
+    def _corrects_off_policy_sampling(self) -> bool:
+        """TRL's vLLM importance-sampling correction applies: the generator samples from an engine's copy of the
+        weights (whether TRL built it with `use_vllm` or the user passed it) and the correction is on."""
+        return bool(getattr(self.generator, "samples_off_policy", False)) and self.vllm_importance_sampling_correction
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         tasks = _tasks_of(inputs, num_generations)
 
+        self._sync_generator_weights()
         batch = self._engine().run(tasks, num_generations)
         self.last_rollout = batch
         healthy = [group.healthy() for group in batch.groups]
@@ -540,11 +562,15 @@ class AgentGRPOTrainer(GRPOTrainer):
         generate_every = self.args.steps_per_generation * self.num_iterations
         with torch.no_grad(), _no_gradient_checkpointing(self):
             # Generation and optimisation are misaligned (or several passes reuse the rollout): keep the behaviour
-            # policy's log-probs for the importance ratio. Otherwise the ratio is exactly 1 and TRL skips this.
-            if self.args.gradient_accumulation_steps % generate_every != 0:
+            # policy's log-probs for the importance ratio. Otherwise the ratio is exactly 1 and TRL skips this, unless
+            # an inference engine sampled the rollout: then they also give the engine-vs-trainer correction.
+            misaligned = self.args.gradient_accumulation_steps % generate_every != 0
+            if misaligned or self._corrects_off_policy_sampling:
                 output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size
                 )
+            if self._corrects_off_policy_sampling:
+                self._add_importance_sampling_ratio(output, mode)
             if self.beta != 0.0:
                 if self.ref_model is not None:
                     ref_model = self.ref_model
@@ -560,6 +586,36 @@ class AgentGRPOTrainer(GRPOTrainer):
                         ref_model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size
                     )
 
+    def _add_importance_sampling_ratio(self, output: dict[str, Any], mode: str) -> None:
+        """TRL's vLLM importance-sampling correction (grpo_trainer.py in TRL 1.16): the ratio between the trainer's
+        and the engine's probability of the sampled tokens, per token or per row, truncated or masked, over the
+        trained tokens only (environment tokens of conversation rows excluded); and TRL's `sampling/` metrics."""
+        old, sampled = output["old_per_token_logps"], output["sampling_per_token_logps"]
+        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        ratio = importance_sampling_ratio(
+            old,
+            sampled,
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+        output["importance_sampling_ratio"] = ratio
+        mask = mask.bool()
+        delta = torch.abs(old - sampled)
+        delta = delta[mask & ~torch.isnan(delta)]  # tokens vLLM could not score are left out, not counted as 0
+        ratios = ratio.flatten() if ratio.shape[1] == 1 else ratio[mask]
+
+        def gathered(values: torch.Tensor, statistic) -> torch.Tensor:  # one value per process
+            return self.accelerator.gather(statistic(values) if values.numel() else torch.zeros((), device=old.device))
+
+        metrics = self._metrics[mode]
+        metrics["sampling/sampling_logp_difference/mean"].append(gathered(delta, torch.mean).mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(gathered(delta, torch.max).max().item())
+        metrics["sampling/importance_sampling_ratio/min"].append(nanmin(gathered(ratios, torch.min)).item())
+        metrics["sampling/importance_sampling_ratio/mean"].append(gathered(ratios, torch.mean).nanmean().item())
+        metrics["sampling/importance_sampling_ratio/max"].append(nanmax(gathered(ratios, torch.max)).item())
+
     def _prepare_inputs(self, generation_batch):
         # As GRPOTrainer._prepare_inputs, with `split_rows` instead of `split_tensor_dict` (which drops rows).
         if not self.model.training:
@@ -571,7 +627,11 @@ class AgentGRPOTrainer(GRPOTrainer):
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+        # TRL's loss multiplies by the importance-sampling ratio only `if self.use_vllm`. A vLLM generator passed in
+        # (`generator=`) samples off-policy just the same, so the flag is raised for this call.
+        raise_flag = self._corrects_off_policy_sampling and not self.use_vllm
+        with _attribute_set(self, "use_vllm", True) if raise_flag else contextlib.nullcontext():
+            loss = super()._compute_loss(model, inputs)
         auxiliary = self.compute_auxiliary_loss(model, inputs)
         if auxiliary is not None:
             mode = "train" if self.model.training else "eval"
@@ -674,6 +734,71 @@ def _step_advantages(healthy: list[Group], advantages) -> dict[tuple[int, int], 
                 float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
             ]
     return scalars
+
+
+def importance_sampling_ratio(
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> torch.Tensor:
+    """TRL 1.16's vLLM importance-sampling ratio exp(old - sampling) over the `mask`ed tokens.
+
+    `token_*` modes give one ratio per token, (B, T); `sequence_*` modes one per row from the summed log-ratio, (B, 1).
+    `*_truncate` clamps to [clip_min, clip_max]; `*_mask` zeroes ratios outside it (None = unbounded). A NaN sampling
+    log-prob (the engine could not score the token) contributes a zero log-ratio, i.e. no correction.
+
+    Example:
+        >>> old, sampled = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, float("nan")]])
+        >>> importance_sampling_ratio(old, sampled, torch.ones(1, 2), "token_truncate", None, 3.0)
+        tensor([[1.6487, 1.0000]])
+        >>> importance_sampling_ratio(old, sampled, torch.ones(1, 2), "sequence_mask", None, 1.5)
+        tensor([[0.]])
+    """
+    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence_"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if mode in ("token_truncate", "sequence_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    if mode in ("token_mask", "sequence_mask"):
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+    raise ValueError(
+        f"vllm_importance_sampling_mode must be one of 'token_truncate', 'token_mask', 'sequence_truncate', "
+        f"'sequence_mask', got {mode!r}"
+    )
+
+
+def _check_generator(generator: Generator | None, args: AgentGRPOConfig) -> None:
+    """Refuse generator settings that cannot both hold (before TRL connects to a vLLM server or starts an engine)."""
+    if generator is not None and args.use_vllm:
+        raise ValueError(
+            "use_vllm=True makes the trainer build its own vLLM generator on TRL's engine (`trainer.vllm_generation`), "
+            "which a `generator` argument would leave unused, holding GPU memory or a server connection. Pass "
+            "either `generator=` or `use_vllm=True`, not both."
+        )
+    off_policy = bool(getattr(generator, "samples_off_policy", False)) and args.vllm_importance_sampling_correction
+    per_token = args.vllm_importance_sampling_mode in ("token_truncate", "token_mask")
+    if off_policy and args.loss_type == "vespo" and not per_token:
+        raise ValueError(
+            "loss_type='vespo' with an off-policy generator needs a per-token vllm_importance_sampling_mode "
+            f"('token_truncate' or 'token_mask'), got {args.vllm_importance_sampling_mode!r} (TRL's rule for vLLM)."
+        )
+
+
+@contextlib.contextmanager
+def _attribute_set(obj: Any, name: str, value: Any):
+    """Set `obj.name = value` for the duration of the block."""
+    previous = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, previous)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,12 @@
+"""Test-only servers: loopback stand-ins for external services, so tests run the real client code on CPU, offline.
+
+* `LoopbackVLLMServer`: the HTTP routes of `vllm serve` that TRL's `VLLMClient` uses, backed by a transformers model.
+* `loopback_trl_vllm()`: lets TRL's real vLLM code (client, `VLLMGeneration`, `GRPOTrainer(use_vllm=True)`) run
+  against it without vllm or CUDA installed; only the NCCL weight transport is swapped for a file.
+
+Not for production: the server generates one prompt at a time with plain transformers.
+"""
+
+from .vllm_server import LOAD_WEIGHTS_ROUTE, LoopbackVLLMServer, loopback_trl_vllm
+
+__all__ = ["LOAD_WEIGHTS_ROUTE", "LoopbackVLLMServer", "loopback_trl_vllm"]
