@@ -338,6 +338,25 @@ def test_weight_sync_is_visible_in_the_next_turns_logprobs(server, server_model,
     assert server.count("/init_weight_transfer_engine") == 1 and server.weight_version == 2
 
 
+def test_evaluation_through_a_vllm_server_plays_like_local_generation(server, server_model, tiny_model_dir, tokenizer):
+    from trl_agents.cli import evaluate
+    from trl_agents.evaluation import evaluate_policy
+    from trl_agents.rollout.vllm import VLLMClientGenerator
+
+    generator = VLLMClientGenerator(server.base_url, [tokenizer.eos_token_id])
+    assert generator.generate([], SamplingParams()).completion_ids == [] and server.count("/v1/completions") == 0
+    settings = {"env": "test-keyword", "num_tasks": 3, "max_turns": 2, "max_new_tokens": 4, "return_rollout": True}
+    served = evaluate_policy(None, tokenizer, generator=generator, **settings)
+    local = evaluate_policy(server_model, tokenizer, **settings)
+    actions = [[s.action_ids for s in t.steps] for t in served["rollout"].trajectories]
+    assert actions == [[s.action_ids for s in t.steps] for t in local["rollout"].trajectories]
+    assert [len(body["prompt"]) for body in server.bodies("/v1/completions")] == [3, 3]  # one request per turn
+    argv = ["--model_name_or_path", tiny_model_dir, "--env_name", "test-keyword", "--num_eval_tasks", "3",
+            "--max_turns", "2", "--max_new_tokens", "4"]
+    assert evaluate([*argv, "--vllm_server_url", server.base_url]) == evaluate(argv)  # `trl-agents eval`
+    assert server.count("/v1/completions") == 4
+
+
 # ---- the trainer -----------------------------------------------------------------------------------------------------
 
 

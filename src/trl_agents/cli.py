@@ -3,6 +3,7 @@
     trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
     trl-agents eval --model_name_or_path outputs/quickstart --num_eval_tasks 1000   # prompts as trained
+    trl-agents eval --model_name_or_path outputs/quickstart --vllm_server_url http://localhost:8000   # vllm serve
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
 
@@ -83,6 +84,12 @@ class EvalArguments:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
     num_samples: int = field(default=1, metadata={"help": "Episodes per task when sampling (reports pass@k)."})
     output_file: str | None = field(default=None, metadata={"help": "Write the results here as JSON."})
+    vllm_server_url: str | None = field(
+        default=None,
+        metadata={"help": "Generate with a running vLLM server that serves this checkpoint (e.g. "
+        "http://localhost:8000, started with `vllm serve CHECKPOINT`) instead of loading the model here. Needs "
+        "`pip install trl-agents[vllm]`."},
+    )
 
 
 EVAL_FALLBACKS = {"max_turns": 10, "history_length": 2, "max_completion_length": 32}
@@ -107,7 +114,12 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
         raise SystemExit("trl-agents eval: set --env_name (the checkpoint has no agent_config.json to read it from)")
     env_kwargs = as_dict(args.env_kwargs, "env_kwargs") if args.env_kwargs else trained.get("env_kwargs")
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    if args.vllm_server_url:
+        from .rollout.vllm import VLLMClientGenerator
+
+        model, generator = None, VLLMClientGenerator(args.vllm_server_url, [tokenizer.eos_token_id])
+    else:
+        model, generator = AutoModelForCausalLM.from_pretrained(args.model_name_or_path), None
     result = evaluate_policy(
         model,
         tokenizer,
@@ -125,6 +137,7 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
         greedy=args.greedy,
         temperature=args.temperature,
         num_samples=args.num_samples,
+        generator=generator,
     )
     print(json.dumps(result, indent=2))
     if args.output_file:

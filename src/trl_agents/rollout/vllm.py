@@ -96,18 +96,7 @@ class VLLMGenerator:
             _, completion_ids, logprobs, _ = self.vllm_generation.generate(padded, None, num_generations=1)
         if len(completion_ids) != width:
             raise RuntimeError(f"vLLM returned {len(completion_ids)} completions for {width} prompts")
-        eos = set(self.eos_token_ids)
-        out = GenerationOutput([], [])
-        for row in range(count):
-            ids = list(completion_ids[row])
-            # logprobs=0: one entry per token, the sampled token's; None (vLLM could not score it) -> NaN, which
-            # TRL's importance-sampling correction treats as "no correction" for that token.
-            row_logprobs = logprobs[row] if logprobs is not None else [None] * len(ids)
-            lps = [math.nan if entry is None or entry[0] is None else float(entry[0]) for entry in row_logprobs]
-            end = next((position + 1 for position, token in enumerate(ids) if token in eos), len(ids))
-            out.completion_ids.append(ids[:end])
-            out.logprobs.append(lps[:end])
-        return out
+        return turn_output(completion_ids[:count], logprobs[:count] if logprobs else None, self.eos_token_ids)
 
     def any_active(self, local: bool) -> bool:
         """Whether any process still has an active episode (an all-reduce; every process must call it)."""
@@ -128,18 +117,11 @@ class VLLMGenerator:
         """Set this turn's sampling on the VLLMGeneration for one call, then restore what TRL configured."""
         engine = self.vllm_generation
         saved = {name: getattr(engine, name) for name in _SAMPLING_ATTRIBUTES}
+        settings = vllm_sampling(sampling)
+        settings["max_completion_length"] = settings.pop("max_tokens")  # TRL's name for vLLM's max_tokens
         user_kwargs = dict(saved["generation_kwargs"] or {})
         stop_ids = list(dict.fromkeys([*(user_kwargs.get("stop_token_ids") or []), *self.eos_token_ids]))
-        greedy = sampling.greedy
-        settings = {
-            "temperature": 0.0 if greedy else sampling.temperature,  # vLLM: temperature 0 is greedy
-            "top_p": 1.0 if greedy else sampling.top_p,
-            "top_k": 0 if greedy else sampling.top_k,
-            "min_p": 0.0 if greedy or sampling.min_p is None else sampling.min_p,
-            "repetition_penalty": sampling.repetition_penalty,
-            "max_completion_length": sampling.max_new_tokens,  # vLLM's max_tokens: the turn's token budget
-            "generation_kwargs": {**user_kwargs, "stop_token_ids": stop_ids},
-        }
+        settings["generation_kwargs"] = {**user_kwargs, "stop_token_ids": stop_ids}
         for name, value in settings.items():
             setattr(engine, name, value)
         try:
@@ -147,3 +129,62 @@ class VLLMGenerator:
         finally:
             for name, value in saved.items():
                 setattr(engine, name, value)
+
+
+class VLLMClientGenerator:
+    """`Generator` on a running vLLM server through TRL's `VLLMClient`, for evaluation: one process, no weight sync
+    (the server serves the policy to evaluate). `trl-agents eval --vllm_server_url URL` uses it.
+
+    Args:
+        base_url: The server, e.g. "http://localhost:8000".
+        eos_token_ids: Ids that end a turn (sent as `stop_token_ids`, kept at the end of the turn).
+        connection_timeout: Seconds to wait for the server to come up.
+    """
+
+    def __init__(self, base_url: str, eos_token_ids: Sequence[int], connection_timeout: float = 0.0):
+        from trl.generation.vllm_client import VLLMClient
+
+        if not eos_token_ids:
+            raise ValueError("VLLMClientGenerator needs at least one id in `eos_token_ids` (the tokenizer's EOS id)")
+        self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        self.eos_token_ids = [int(token_id) for token_id in eos_token_ids]
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+        if not prompts:
+            return GenerationOutput([], [])
+        out = self.client.generate(
+            [list(p) for p in prompts],
+            n=1,
+            logprobs=0,
+            generation_kwargs={"stop_token_ids": self.eos_token_ids},
+            **vllm_sampling(sampling),
+        )
+        return turn_output(out["completion_ids"], out["logprobs"], self.eos_token_ids)
+
+
+def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
+    """vLLM's sampling parameters for one turn (greedy is vLLM's temperature 0)."""
+    greedy = sampling.greedy
+    return {
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": 0 if greedy else sampling.top_k,
+        "min_p": 0.0 if greedy or sampling.min_p is None else sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "max_tokens": sampling.max_new_tokens,  # the turn's token budget
+    }
+
+
+def turn_output(completion_ids: Sequence[Sequence[int]], logprobs: Sequence | None, eos_token_ids: Sequence[int]):
+    """vLLM's answer (token ids; `logprobs=0` log-probs, one `[value]` per token) as one turn per prompt: cut after
+    the first EOS id (kept), with NaN where vLLM gave no log-prob (TRL's correction then leaves the token alone)."""
+    eos = set(eos_token_ids)
+    out = GenerationOutput([], [])
+    for row, ids in enumerate(completion_ids):
+        ids = list(ids)
+        row_logprobs = logprobs[row] if logprobs is not None else [None] * len(ids)
+        values = [math.nan if entry is None or entry[0] is None else float(entry[0]) for entry in row_logprobs]
+        end = next((position + 1 for position, token in enumerate(ids) if token in eos), len(ids))
+        out.completion_ids.append(ids[:end])
+        out.logprobs.append(values[:end])
+    return out
