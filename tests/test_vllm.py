@@ -119,6 +119,26 @@ def test_greedy_matches_the_transformers_generator(client, server_model, tokeniz
     assert out["completion_ids"] == reference.completion_ids
 
 
+def test_filters_and_repetition_penalty_follow_vllms_sampler(client, server_model, tokenizer):
+    prompt = encode(tokenizer, "P F F H")[0]
+    greedy = client.generate([prompt], temperature=0.0, max_tokens=4)["completion_ids"]
+    for filters in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        out = client.generate([prompt], temperature=1.0, max_tokens=4, **filters)
+        assert out["completion_ids"] == greedy, filters  # only the arg-max survives the filter...
+        assert all(entry == [0.0] for entry in out["logprobs"][0]), filters  # ...and processed log-probs renormalise
+    out = client.generate([prompt], temperature=0.0, max_tokens=4, repetition_penalty=1.5)
+    ids = out["completion_ids"][0]
+    for position, token in enumerate(ids):  # vLLM's penalty on every token seen so far: divide if > 0, else multiply
+        context = prompt + ids[:position]
+        with torch.no_grad():
+            logits = server_model(torch.tensor([context])).logits[0, -1].float()
+        seen = torch.zeros_like(logits, dtype=torch.bool)
+        seen[context] = True
+        logits = torch.where(seen, torch.where(logits > 0, logits / 1.5, logits * 1.5), logits)
+        assert token == int(logits.argmax())
+        assert out["logprobs"][0][position][0] == pytest.approx(torch.log_softmax(logits, -1)[token].item(), abs=1e-5)
+
+
 def test_max_tokens_stop_token_ids_and_the_response_schema(server, client, tokenizer):
     prompt = encode(tokenizer, "H F G")[0]
     greedy = client.generate([prompt], temperature=0.0, max_tokens=8)["completion_ids"][0]

@@ -609,7 +609,8 @@ def loopback_trl_vllm() -> Iterator[None]:
     the handshake (server checks, `/init_weight_transfer_engine`) without opening an NCCL group, which needs CUDA; and
     `VLLMClient.update_named_params` announces the tensors on `/update_weights` as usual but delivers them as a file to
     `/test/load_weights` instead of an NCCL broadcast. So `VLLMGeneration.sync_weights()` and
-    `GRPOTrainer(use_vllm=True, vllm_mode="server")` run unchanged apart from the transport.
+    `GRPOTrainer(use_vllm=True, vllm_mode="server")` run unchanged apart from the transport. Server mode only:
+    colocate mode needs vllm itself.
     """
     from unittest import mock
 
