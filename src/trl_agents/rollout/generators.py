@@ -1,8 +1,9 @@
 """Generators: token ids in, token ids + sampling log-probs out.
 
 The rollout engine talks to a model only through the `Generator` protocol, one call per turn for all active
-episodes. `TransformersGenerator` runs `model.generate` (CPU or GPU); `VLLMGenerator` (`rollout/vllm.py`) runs TRL's
-vLLM backend, server or colocate mode.
+episodes. `TransformersGenerator` runs a transformers model: `model.generate`, or on a GPU a static KV cache decoded
+with CUDA graphs (`fast_generation.py`); `VLLMGenerator` (`rollout/vllm.py`) runs TRL's vLLM backend, server or
+colocate mode.
 
 Log-probs are those of the sampled tokens under the temperature-scaled logits, `log_softmax(logits / T)`, which is
 what TRL's `_get_per_token_logps_and_entropies` computes at training time, so the two are directly comparable.
@@ -20,9 +21,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from ..credit.base import check_choice
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,16 +82,61 @@ class Generator(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput: ...
 
 
+def cut_at_eos(
+    tokens: list[list[int]], logprobs: list[list[float]], eos_token_ids: Sequence[int]
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Cut every row after its first EOS (kept: the policy learns to end its turn)."""
+    eos = set(eos_token_ids)
+    cut_ids, cut_logprobs = [], []
+    for row, row_logprobs in zip(tokens, logprobs, strict=True):
+        end = next((position + 1 for position, token in enumerate(row) if token in eos), len(row))
+        cut_ids.append(row[:end])
+        cut_logprobs.append(row_logprobs[:end])
+    return cut_ids, cut_logprobs
+
+
+def shaping_options(top_p=None, top_k=None, min_p=None, repetition_penalty=None) -> list[str]:
+    """Names of the given options that shape the sampling distribution beyond temperature (backend "paged" cannot
+    record our log-probs under those)."""
+    shaping = {
+        "top_p": top_p not in (None, 1.0),
+        "top_k": top_k not in (None, 0),
+        "min_p": min_p is not None,
+        "repetition_penalty": repetition_penalty not in (None, 1.0),
+    }
+    return [name for name, used in shaping.items() if used]
+
+
+GENERATION_BACKENDS = ("auto", "generate", "static", "paged")
+
+
+def auto_backend(device) -> str:
+    """The backend "auto" picks on `device`: the CUDA-graph fast path on CUDA, plain `model.generate` elsewhere."""
+    return "static" if device.type == "cuda" else "generate"
+
+
 class TransformersGenerator:
-    """`Generator` on a transformers causal LM (`model.generate`), left-padding prompts into sub-batches.
+    """`Generator` on a transformers causal LM, left-padding prompts into sub-batches.
+
+    Backends (`fast_generation.py` explains the fast ones and why "static" is the default on GPUs):
+
+    * `"generate"`: `model.generate`.
+    * `"static"`: a static KV cache whose decode steps replay CUDA graphs on a GPU (eager on CPU); same tokens as
+      `"generate"` for the same seed, up to float rounding.
+    * `"paged"`: transformers' continuous batching (`model.generate_batch`), TRL's
+      `use_transformers_continuous_batching`; temperature-only sampling (see `paged_generate`).
+    * `"auto"`: `"static"` on CUDA, `"generate"` elsewhere. If the static path fails (set-up or a call), it logs a
+      warning and uses `"generate"` from then on; an explicitly chosen backend raises instead.
 
     Args:
         model: The causal LM, or None when `model_context` provides it.
         tokenizer: Gives the pad token id and the EOS id.
         eos_token_ids: Ids that end a turn; defaults to the tokenizer's EOS plus the model's generation-config EOS ids.
-        batch_size: Most prompts per `model.generate` call (None = all at once).
+        batch_size: Most prompts per generation call (None = all at once).
         model_context: A callable returning a context manager that yields the model to generate with; the trainer
             passes TRL's `unwrap_model_for_generation` here so DeepSpeed/FSDP/PEFT models generate correctly.
+        backend: One of `GENERATION_BACKENDS`.
+        continuous_batching_config: Keyword arguments of `transformers.ContinuousBatchingConfig` (backend "paged").
     """
 
     def __init__(
@@ -95,11 +146,14 @@ class TransformersGenerator:
         eos_token_ids: Sequence[int] | None = None,
         batch_size: int | None = None,
         model_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+        backend: str = "auto",
+        continuous_batching_config: dict[str, Any] | None = None,
     ):
         if model is None and model_context is None:
             raise ValueError("TransformersGenerator needs a `model` or a `model_context`")
         if tokenizer is None:
             raise ValueError("TransformersGenerator needs the `tokenizer` (for the pad and EOS token ids)")
+        check_choice("backend", backend, GENERATION_BACKENDS)
         self.model = model
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if eos_token_ids is None:
@@ -111,6 +165,11 @@ class TransformersGenerator:
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.batch_size = batch_size
         self.model_context = model_context or (lambda: contextlib.nullcontext(self.model))
+        self.backend = backend
+        self.continuous_batching_config = dict(continuous_batching_config or {})
+        self.static_decoder = None  # a fast_generation.StaticCacheDecoder, made on first use (it imports torch)
+        self.active_backend: str | None = None  # the backend of the last call
+        self._static_failed = False
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
         import torch
@@ -132,18 +191,42 @@ class TransformersGenerator:
                 model.train(was_training)
         return GenerationOutput(completion_ids, logprobs)
 
+    def _resolve_backend(self, model) -> str:
+        if self.backend != "auto":
+            return self.backend
+        if self._static_failed:
+            return "generate"
+        return auto_backend(next(model.parameters()).device)
+
     def _generate_batch(self, model, prompts, sampling: SamplingParams):
-        import torch
+        from .fast_generation import StaticCacheDecoder, paged_generate
+
+        config = self._generation_config(sampling)
+        self.active_backend = backend = self._resolve_backend(model)
+        if backend == "paged":
+            ids, lps = paged_generate(model, prompts, config, self.continuous_batching_config)
+            return cut_at_eos(ids, lps, self.eos_token_ids)
+        if backend == "static":
+            try:
+                if self.static_decoder is None:
+                    self.static_decoder = StaticCacheDecoder(self.pad_token_id, self.eos_token_ids)
+                return self.static_decoder.generate(model, prompts, config)
+            except Exception:
+                if self.backend != "auto":
+                    raise
+                logger.warning(
+                    "The static (CUDA graph) generation backend failed; using model.generate from now on.",
+                    exc_info=True,
+                )
+                self._static_failed = True
+                self.static_decoder = None  # frees its caches and graphs
+                self.active_backend = "generate"
+        return self._plain_generate(model, prompts, config, sampling)
+
+    def _generation_config(self, sampling: SamplingParams):
         from transformers import GenerationConfig
 
-        device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
-        config = GenerationConfig(
+        return GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not sampling.greedy,
             temperature=None if sampling.greedy else sampling.temperature,
@@ -156,6 +239,17 @@ class TransformersGenerator:
             return_dict_in_generate=True,
             output_logits=True,
         )
+
+    def _plain_generate(self, model, prompts, config, sampling: SamplingParams):
+        import torch
+
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
         out = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
         )
@@ -165,14 +259,4 @@ class TransformersGenerator:
         if not sampling.greedy and sampling.temperature != 1.0:
             logits = logits / sampling.temperature
         token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        eos = set(self.eos_token_ids)
-        completion_ids, logprobs = [], []
-        for tokens, lps in zip(new_tokens.tolist(), token_logprobs.tolist(), strict=True):
-            end = len(tokens)
-            for position, token in enumerate(tokens):
-                if token in eos:
-                    end = position + 1  # keep the EOS: the policy learns to end its turn
-                    break
-            completion_ids.append(tokens[:end])
-            logprobs.append(lps[:end])
-        return completion_ids, logprobs
+        return cut_at_eos(new_tokens.tolist(), token_logprobs.tolist(), self.eos_token_ids)

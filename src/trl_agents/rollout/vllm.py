@@ -41,7 +41,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .generators import GenerationOutput, SamplingParams
+from .generators import GenerationOutput, SamplingParams, cut_at_eos
 
 SUPPORTED_VLLM_VERSION = "0.31.0"
 
@@ -178,13 +178,10 @@ def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
 def turn_output(completion_ids: Sequence[Sequence[int]], logprobs: Sequence | None, eos_token_ids: Sequence[int]):
     """vLLM's answer (token ids; `logprobs=0` log-probs, one `[value]` per token) as one turn per prompt: cut after
     the first EOS id (kept), with NaN where vLLM gave no log-prob (TRL's correction then leaves the token alone)."""
-    eos = set(eos_token_ids)
-    out = GenerationOutput([], [])
-    for row, ids in enumerate(completion_ids):
-        ids = list(ids)
-        row_logprobs = logprobs[row] if logprobs is not None else [None] * len(ids)
-        values = [math.nan if entry is None or entry[0] is None else float(entry[0]) for entry in row_logprobs]
-        end = next((position + 1 for position, token in enumerate(ids) if token in eos), len(ids))
-        out.completion_ids.append(ids[:end])
-        out.logprobs.append(values[:end])
-    return out
+    values = [
+        [math.nan if entry is None or entry[0] is None else float(entry[0]) for entry in logprobs[row]]
+        if logprobs is not None
+        else [math.nan] * len(ids)
+        for row, ids in enumerate(completion_ids)
+    ]
+    return GenerationOutput(*cut_at_eos([list(ids) for ids in completion_ids], values, eos_token_ids))

@@ -51,7 +51,7 @@ from ..credit.base import check_choice
 from ..envs import get_env_class
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
-from ..rollout.generators import Generator
+from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
 from ..rollout.rows import TrainingRows, build_rows, split_rows
 from ..rollout.vllm import VLLMGenerator
 from ..trajectory import Group, RolloutBatch
@@ -88,6 +88,8 @@ class AgentGRPOConfig(GRPOConfig):
         credit_statistic (`str`, *optional*, defaults to `"trajectories"`): Population of GRPO's group statistics.
         save_trajectories (`bool`, *optional*, defaults to `True`): Write every rollout to
             `output_dir/trajectories/*.parquet`.
+        generation_backend (`str`, *optional*, defaults to `"auto"`): How the built-in transformers generator
+            decodes: `"auto"`, `"generate"`, `"static"` or `"paged"` (see `TransformersGenerator`).
     """
 
     env_name: str | None = field(
@@ -139,6 +141,15 @@ class AgentGRPOConfig(GRPOConfig):
         metadata={"help": "Write every rollout (one row per step, with its advantage) to "
         "output_dir/trajectories/*.parquet."},
     )
+    generation_backend: str = field(
+        default="auto",
+        metadata={"help": "How the built-in transformers generator decodes rollouts (not vLLM): 'generate' "
+        "(`model.generate`); 'static' (a static KV cache whose decode steps replay CUDA graphs on a GPU: the same "
+        "tokens as 'generate' for a seed, several times faster); 'paged' (transformers continuous batching, "
+        "temperature-only sampling; TRL's `use_transformers_continuous_batching=True` selects it); 'auto' "
+        "(our choice: 'static' on CUDA, falling back to 'generate' with a warning if it fails; 'generate' "
+        "elsewhere)."},
+    )
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
@@ -151,6 +162,7 @@ class AgentGRPOConfig(GRPOConfig):
         check_choice("row_format", self.row_format, ROW_FORMATS)
         check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
         check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
+        check_choice("generation_backend", self.generation_backend, GENERATION_BACKENDS)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
@@ -166,6 +178,7 @@ class AgentGRPOConfig(GRPOConfig):
                 f"scale_rewards={self.scale_rewards!r} is not supported for agents: use 'group' (z-score within the "
                 "task's G episodes) or 'none' (mean-only, Dr. GRPO)."
             )
+        self._resolve_generation_backend()
         per_process = self.per_device_train_batch_size * self.steps_per_generation
         if per_process % self.num_generations != 0:
             raise ValueError(
@@ -173,6 +186,24 @@ class AgentGRPOConfig(GRPOConfig):
                 f"multiple of num_generations={self.num_generations}, so that the G episodes of a task run and are "
                 "credited on one process. Adjust per_device_train_batch_size or gradient_accumulation_steps."
             )
+
+    def _resolve_generation_backend(self) -> None:
+        """TRL's continuous-batching flag selects the "paged" backend, whose log-probs are ours only when sampling
+        is shaped by temperature alone."""
+        if self.use_transformers_continuous_batching:
+            if self.generation_backend not in ("auto", "paged"):
+                raise ValueError(
+                    "use_transformers_continuous_batching=True selects generation_backend='paged', but "
+                    f"generation_backend={self.generation_backend!r}: unset one of the two."
+                )
+            self.generation_backend = "paged"
+        if self.generation_backend == "paged":
+            shaping = shaping_options(self.top_p, self.top_k, self.min_p, self.repetition_penalty)
+            if shaping:
+                raise ValueError(
+                    f"generation_backend='paged' (transformers continuous batching) samples with temperature only, "
+                    f"but {', '.join(shaping)} is set: reset it, or use generation_backend='static' or 'generate'."
+                )
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **agent_fields: Any) -> AgentGRPOConfig:
@@ -370,6 +401,10 @@ class AgentGRPOTrainer(GRPOTrainer):
             tokenizer=self._tokenizer,
             eos_token_ids=self.eos_token_ids,
             model_context=self._model_for_generation,
+            backend=args.generation_backend,
+            continuous_batching_config=as_dict(
+                args.transformers_continuous_batching_config, "transformers_continuous_batching_config"
+            ),
         )
         self._last_loaded_step = -1  # TRL's tag: the step whose weights the generator holds (-1: not synced yet)
         self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
