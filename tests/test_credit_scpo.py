@@ -356,14 +356,14 @@ def test_no_capability_is_required_and_scorer_choice(tiny_model, tokenizer, tmp_
     trainer = SCPOTrainer(model=tiny_model, args=make_config(tmp_path), train_dataset=tasks,
                           processing_class=tokenizer, scorer=same_observation)
     assert trainer.scorer is same_observation
-    with pytest.raises(TypeError, match="scorer must be callable"):
-        SCPOTrainer(model=tiny_model, args=make_config(tmp_path), train_dataset=tasks, processing_class=tokenizer,
-                    scorer="lexical")
-    # compute_advantages = the estimator, and its diagnostics
+    # compute_advantages = the estimator, and its diagnostics (before another config resets accelerate's state)
     advantages = trainer.compute_advantages([spec_group(), group_of(episode(["s0"], ["a"], False))])
     assert advantages[1] == [[0.0]]
     metrics = trainer._metrics["train" if trainer.model.training else "eval"]
     assert metrics["scpo/shaped_group_fraction"][-1] == 0.5 and metrics["scpo/mean_progress"][-1] == 0.75
+    with pytest.raises(TypeError, match="scorer must be callable"):
+        SCPOTrainer(model=tiny_model, args=make_config(tmp_path), train_dataset=tasks, processing_class=tokenizer,
+                    scorer="lexical")
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@
 5. evaluate again and write, under `output_dir`: the final checkpoint, `trajectories/*.parquet`, `metrics.json`,
    `eval_results.json` and `learning_curve.png`.
 
+Under `accelerate launch` (several processes) every process runs this function: the main process alone builds the
+tiny model, saves the warm-started model and writes the outputs (the others wait for it, then load what it saved),
+and every process evaluates the same held-out tasks, which keeps sharded models (FSDP, ZeRO-3) in step.
+
 Example:
     ```python
     from trl_agents.run import RunArguments, run_training
@@ -100,6 +104,9 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     env_cls = get_env_class(config.env_name)
     os.makedirs(config.output_dir, exist_ok=True)
     set_seed(config.seed)
+    # TrainingArguments joins the processes of `accelerate launch` lazily, on first use of its device: do it now, so
+    # that `process_index` and `main_process_first` below see them.
+    _ = config.device
 
     train_tasks = env_cls.task_split(run.train_split, run.num_train_tasks, **config.env_kwargs)
     eval_tasks = env_cls.task_split(run.eval_split, run.num_eval_tasks, **config.env_kwargs)
@@ -123,25 +130,27 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     )
     evaluate = _evaluator(run, config, tokenizer, eval_tasks)
     results["eval_before_rl"] = evaluate(trainer.model)
-    _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
+    main_process = config.process_index == 0
+    if main_process:
+        _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
     rl_started = time.monotonic()
     trainer.train()
     results["rl_seconds"] = time.monotonic() - rl_started
     results["rl_steps"] = trainer.state.global_step
     results["eval_after_rl"] = evaluate(trainer.model)
-    _print_eval("after RL", results["eval_after_rl"])
     gain = results["eval_after_rl"]["success_rate"] - results["eval_before_rl"]["success_rate"]
     results["success_gain_points"] = 100 * gain
     results["total_seconds"] = time.monotonic() - started
-    print(f"[trl-agents] held-out success gain from RL: {100 * gain:+.1f} points "
-          f"({results['rl_steps']} RL steps, {results['total_seconds']:.0f} s in total)")
-
-    trainer.save_model(config.output_dir)
-    metrics["rl"] = trainer.state.log_history
-    _write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
     results["run_arguments"] = asdict(run)
-    _write_json(os.path.join(config.output_dir, "eval_results.json"), results)
-    plot_learning_curve(metrics, results, os.path.join(config.output_dir, "learning_curve.png"))
+    metrics["rl"] = trainer.state.log_history
+    trainer.save_model(config.output_dir)  # (every process calls it: a sharded model is gathered to save it)
+    if main_process:
+        _print_eval("after RL", results["eval_after_rl"])
+        print(f"[trl-agents] held-out success gain from RL: {100 * gain:+.1f} points "
+              f"({results['rl_steps']} RL steps, {results['total_seconds']:.0f} s in total)")
+        _write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
+        _write_json(os.path.join(config.output_dir, "eval_results.json"), results)
+        plot_learning_curve(metrics, results, os.path.join(config.output_dir, "learning_curve.png"))
     return results
 
 
@@ -153,17 +162,20 @@ def _load_model(run: RunArguments, config, model_args):
     if run.tiny_model:
         from .testing import build_tiny_model, build_tiny_tokenizer, env_corpus
 
-        sizes = as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
-        vocab_size = sizes.pop("vocab_size", 512)
-        corpus = env_corpus(config.env_name, seed=config.seed, **config.env_kwargs)
-        if config.system_prompt:
-            corpus.append(config.system_prompt)
-        tokenizer = build_tiny_tokenizer(corpus, vocab_size=vocab_size)
-        model = build_tiny_model(tokenizer, seed=config.seed, **sizes)
         path = os.path.join(config.output_dir, "base-model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        return model, tokenizer, path
+        with config.main_process_first(local=False, desc="build the tiny model"):  # the others load it then
+            if config.process_index > 0:
+                return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
+            sizes = as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
+            vocab_size = sizes.pop("vocab_size", 512)
+            corpus = env_corpus(config.env_name, seed=config.seed, **config.env_kwargs)
+            if config.system_prompt:
+                corpus.append(config.system_prompt)
+            tokenizer = build_tiny_tokenizer(corpus, vocab_size=vocab_size)
+            model = build_tiny_model(tokenizer, seed=config.seed, **sizes)
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            return model, tokenizer, path
     name = model_args.model_name_or_path
     if not name:
         raise ValueError("Set `model_name_or_path` (a Hub model id or a local path), or `tiny_model: true`.")
@@ -218,13 +230,15 @@ def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
         seed=config.seed,
         callbacks=[stopper] if val_tasks else [],
     )
-    if stopper.history:
+    if stopper.history and config.process_index == 0:
         step, success = stopper.history[-1]
         print(f"[trl-agents] warm start: {len(examples)} solver demonstrations, stopped at step {step} with "
               f"validation success {success:.3f} (target {run.warm_start_target_success})")
     path = os.path.join(config.output_dir, "warm-start")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    with config.main_process_first(local=False, desc="save the warm-started model"):  # the trainers load it then
+        if config.process_index == 0:
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
     return path, {"examples": len(examples), "validation_success": stopper.history}
 
 

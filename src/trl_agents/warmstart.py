@@ -82,7 +82,8 @@ class SuccessStopper(TrainerCallback):
 
     The minimum matters: a tiny model can jump to the target early with a shortcut (e.g. always moving down or right
     on FrozenLake) before it has learned to read the observation, and RL then has little to build on.
-    The measured curve is kept in `history` as (step, success) pairs.
+    The measured curve is kept in `history` as (step, success) pairs. With several processes, every process
+    evaluates (a sharded model needs all of them) and the main process's success rate decides for all.
     """
 
     def __init__(self, evaluate: Callable[[], float], every: int, target: float | None, min_steps: int = 0):
@@ -96,6 +97,10 @@ class SuccessStopper(TrainerCallback):
         if state.global_step % self.every != 0:
             return control
         success = self.evaluate()
+        if getattr(args, "world_size", 1) > 1:  # every process evaluates; all follow the main one (same stop step)
+            from accelerate.utils import broadcast_object_list
+
+            success = broadcast_object_list([success])[0]
         self.history.append((state.global_step, success))
         logger.info("warm start step %d: validation success %.3f", state.global_step, success)
         if self.target is not None and success >= self.target and state.global_step >= self.min_steps:
@@ -120,6 +125,8 @@ def warm_start(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from .trainers.agent_grpo import cpu_only
+
     config = SFTConfig(
         output_dir=output_dir,
         max_steps=max_steps,
@@ -133,6 +140,7 @@ def warm_start(
         seed=seed,
         bf16=None if torch.cuda.is_available() else False,
         dataloader_pin_memory=torch.cuda.is_available(),
+        use_cpu=cpu_only(),
         gradient_checkpointing=False,
         dataset_num_proc=None,
         disable_tqdm=False,

@@ -116,7 +116,9 @@ def cast_advantages_with_stats(
         turns, "nonzero_solver_fraction": fraction of turns with Ã ≠ 0, "dead_step_fraction": fraction of valid
         turns that started in an unsolvable state (N(s_t) = INF), "fatal_step_fraction": fraction of valid turns
         from a solvable into an unsolvable state, "zero_variance_group_fraction": fraction of groups whose
-        outcome advantage is 0 (only the solver term trains them)}; zeros when there are no turns or groups.
+        outcome advantage is 0 (only the solver term trains them)}; zeros when there are no turns or groups. The
+        denominators of these means are in "num_turns", "num_valid_turns" and "num_groups" (to average them over
+        several processes).
     """
     check_choice("transform", transform, TRANSFORMS)
     check_choice("norm", norm, NORMS)
@@ -169,6 +171,9 @@ def cast_advantages_with_stats(
         "dead_step_fraction": dead / len(valid) if valid else 0.0,
         "fatal_step_fraction": fatal / len(valid) if valid else 0.0,
         "zero_variance_group_fraction": zero_variance / len(groups) if groups else 0.0,
+        "num_turns": len(values),
+        "num_valid_turns": len(valid),
+        "num_groups": len(groups),
     }
     return advantages, stats
 

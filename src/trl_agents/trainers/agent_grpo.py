@@ -153,10 +153,11 @@ class AgentGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
-        if not (torch.cuda.is_available() or _has_other_accelerator()):
+        if cpu_only():
             if self.bf16 is None and not self.fp16:
                 self.bf16 = False
             self.dataloader_pin_memory = False  # nothing to pin to; avoids a warning per dataloader
+            self.use_cpu = True  # (see cpu_only)
         self.env_kwargs = as_dict(self.env_kwargs, "env_kwargs")
         check_field_types(self, self._agent_field_names())
         check_choice("row_format", self.row_format, ROW_FORMATS)
@@ -272,8 +273,11 @@ def as_dict(value: dict | str | None, name: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _has_other_accelerator() -> bool:
-    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+def cpu_only() -> bool:
+    """Whether this machine has no accelerator (CUDA or MPS). Training arguments then need `use_cpu=True`: without
+    it, the processes of `accelerate launch` / torchrun each train alone instead of forming one gloo group."""
+    has_mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    return not (torch.cuda.is_available() or has_mps)
 
 
 def check_field_types(config: Any, names: list[str]) -> None:
@@ -456,18 +460,30 @@ class AgentGRPOTrainer(GRPOTrainer):
         return None
 
     def log_mean_metrics(self, prefix: str, stats: list[dict[str, float]], names: Sequence[str]) -> None:
-        """Log the mean over `stats` (one dict of diagnostics per group) of each of `names` as `<prefix>/<name>`;
-        nothing when `stats` is empty. Method trainers use it for their credit diagnostics."""
-        if not stats:
-            return
+        """Log the mean over `stats` (one dict of diagnostics per group, on every process) of each of `names` as
+        `<prefix>/<name>`; nothing when no process has any. Method trainers use it for their credit diagnostics.
+        Like `log_global_means`, every process must call it, with the same `names`."""
+        self.log_global_means({f"{prefix}/{name}": (sum(s[name] for s in stats), len(stats)) for name in names})
+
+    def log_global_means(self, ratios: dict[str, tuple[float, float]]) -> None:
+        """Log each metric of `ratios` (name -> (total, count) on this process) as Σ total / Σ count over all
+        processes, skipped where Σ count is 0. One all-reduce for all of them, so every process must call it with
+        the same names, whether or not it has anything to count."""
+        names = sorted(ratios)
+        pairs = [ratios[name] for name in names]
+        if names and self.accelerator.num_processes > 1:
+            pairs = torch.tensor(pairs, dtype=torch.float64, device=self.accelerator.device)
+            pairs = self.accelerator.reduce(pairs, reduction="sum").tolist()
         metrics = self._metrics["train" if self.model.training else "eval"]
-        for name in names:
-            metrics[f"{prefix}/{name}"].append(sum(s[name] for s in stats) / len(stats))
+        for name, (total, count) in zip(names, pairs, strict=True):
+            if count > 0:
+                metrics[name].append(total / count)
 
     def prepare_signals(self, batch: RolloutBatch, groups: list[Group], output: dict[str, Any]) -> None:
         """Add extra per-row tensors to the training batch `output` (e.g. teacher log-probs under a privileged
-        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order; when a
-        rollout yields fewer rows than micro-batches, loss-masked copies of row 0 follow them."""
+        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order; loss-masked
+        copies of row 0 may follow them (when a rollout yields fewer rows than micro-batches, or fewer rows than
+        another process's rollout)."""
 
     # ---- rollout and scoring --------------------------------------------------------------------------------------
 
@@ -550,10 +566,16 @@ class AgentGRPOTrainer(GRPOTrainer):
         return output
 
     def _pad_rows(self, rows: TrainingRows, device) -> dict[str, Any]:
-        # A rollout may yield fewer rows than micro-batches (e.g. most episodes crashed); repeat rows with a zero
-        # loss mask so every micro-batch is non-empty and every process runs the same number of backward passes.
+        # Filler rows (copies of row 0 with a zero loss mask) make up for two things: a rollout with fewer rows
+        # than micro-batches (e.g. most episodes crashed), so that every micro-batch is non-empty; and processes
+        # whose rollouts gave different numbers of step rows, so that every process has as many rows in each
+        # micro-batch: TRL's loss gathers per-row statistics (clip ratios) across processes, which needs equal
+        # shapes. Fillers change neither the loss nor `num_items_in_batch`.
         num_chunks = self.args.steps_per_generation if self.model.training else 1
-        fillers = max(num_chunks - len(rows), 0)
+        num_rows = max(len(rows), num_chunks)
+        if self.accelerator.num_processes > 1:
+            num_rows = int(self.accelerator.gather(torch.tensor([num_rows], device=device)).max())
+        fillers = num_rows - len(rows)
 
         def with_fillers(values):
             return values + [values[0]] * fillers
@@ -715,19 +737,19 @@ class AgentGRPOTrainer(GRPOTrainer):
             "train_rows": (len(rows), 1),
             **{f"credit/advantage_by_turn/{turn}": tuple(pair) for turn, pair in enumerate(by_turn)},
         }
+        returns = [t.episode_return for t in trajectories]
         names = sorted(local)
-        stats = torch.tensor([local[n] for n in names], dtype=torch.float64, device=self.accelerator.device)
-        stats = self.accelerator.reduce(stats, reduction="sum")
-        for name, (total, count) in zip(names, stats.tolist(), strict=True):
+        stats = [local[n] for n in names] + [(sum(r * r for r in returns), len(returns))]  # (Σ r², n) for reward_std
+        stats = torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device)
+        *totals, (squares, num_returns) = self.accelerator.reduce(stats, reduction="sum").tolist()
+        for name, (total, count) in zip(names, totals, strict=True):
             if count > 0:
                 self._metrics[mode][name].append(total if name == "train_rows" else total / count)
-        returns = [t.episode_return for t in trajectories]
-        if returns:
-            mean = sum(returns) / len(returns)
+        if num_returns > 0:  # TRL's reward / reward_std columns, over the episodes of every process
+            mean = totals[names.index("env/episode_return")][0] / num_returns
             self._metrics[mode]["reward"].append(mean)
-            self._metrics[mode]["reward_std"].append(
-                math.sqrt(sum((r - mean) ** 2 for r in returns) / max(len(returns) - 1, 1))
-            )
+            variance = max(squares - num_returns * mean**2, 0.0) / max(num_returns - 1, 1)
+            self._metrics[mode]["reward_std"].append(math.sqrt(variance))
         if mode == "train":
             tokens = sum(len(p) + len(c) for p, c in zip(rows.prompt_ids, rows.completion_ids, strict=True))
             tokens = self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum").item()

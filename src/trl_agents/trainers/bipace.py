@@ -369,7 +369,7 @@ class BiPACETrainer(AgentGRPOTrainer):
         start = time.perf_counter()
         hidden_states, rollout_fraction = self.step_hidden_states(groups)
         seconds = time.perf_counter() - start
-        advantages, totals, counts = [], {}, 0
+        advantages, with_clusters = [], []
         for group, matrix in zip(groups, hidden_states, strict=True):
             group_advantages, stats = bipace_advantages_with_stats(
                 group,
@@ -386,15 +386,14 @@ class BiPACETrainer(AgentGRPOTrainer):
             )
             advantages.append(group_advantages)
             if stats["num_clusters"]:
-                counts += 1
-                for name in ("mean_cluster_size", "singleton_fraction", "mixed_action_fraction"):
-                    totals[name] = totals.get(name, 0.0) + stats[name]
-        mode = "train" if self.model.training else "eval"
-        metrics = self._metrics[mode]
-        if counts:
-            metrics["bipace/mean_cluster_size"].append(totals["mean_cluster_size"] / counts)
-            metrics["bipace/singleton_cluster_fraction"].append(totals["singleton_fraction"] / counts)
-            metrics["bipace/mixed_action_cluster_fraction"].append(totals["mixed_action_fraction"] / counts)
+                with_clusters.append(
+                    {"mean_cluster_size": stats["mean_cluster_size"],
+                     "singleton_cluster_fraction": stats["singleton_fraction"],
+                     "mixed_action_cluster_fraction": stats["mixed_action_fraction"]}
+                )
+        self.log_mean_metrics("bipace", with_clusters, ("mean_cluster_size", "singleton_cluster_fraction",
+                                                        "mixed_action_cluster_fraction"))
+        metrics = self._metrics["train" if self.model.training else "eval"]  # these two: this process's
         metrics["bipace/rollout_hidden_state_fraction"].append(rollout_fraction)
         metrics["bipace/hidden_state_seconds"].append(seconds)
         return advantages

@@ -33,6 +33,15 @@ from ..envs.minesweeper import Minesweeper
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 
+# The batch means of cast_advantages_with_stats and their denominators (to average them over all processes).
+STAT_DENOMINATORS = {
+    "solver_advantage_mean": "num_turns",
+    "nonzero_solver_fraction": "num_turns",
+    "dead_step_fraction": "num_valid_turns",
+    "fatal_step_fraction": "num_valid_turns",
+    "zero_variance_group_fraction": "num_groups",
+}
+
 
 @dataclass
 class CASTConfig(AgentGRPOConfig):
@@ -119,8 +128,10 @@ class CASTTrainer(AgentGRPOTrainer):
             reduce_moments=self._sum_over_processes,
         )
         mode = "train" if self.model.training else "eval"
-        for name, value in stats.items():
-            self._metrics[mode][f"cast/{name}"].append(value)
+        self._metrics[mode]["cast/rms"].append(stats["rms"])  # already over the global batch
+        self.log_global_means(
+            {f"cast/{name}": (stats[name] * stats[count], stats[count]) for name, count in STAT_DENOMINATORS.items()}
+        )
         return advantages
 
     def solver_rule_of(self, group: Group) -> str:

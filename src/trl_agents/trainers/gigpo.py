@@ -90,7 +90,7 @@ class GiGPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, sizes, singletons, counts = [], 0.0, 0.0, 0
+        advantages, with_anchors = [], []
         for group in groups:
             group_advantages, stats = gigpo_advantages_with_stats(
                 group,
@@ -104,11 +104,9 @@ class GiGPOTrainer(AgentGRPOTrainer):
             )
             advantages.append(group_advantages)
             if stats["num_anchor_groups"]:
-                sizes += stats["mean_anchor_group_size"]
-                singletons += stats["singleton_fraction"]
-                counts += 1
-        if counts:
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["gigpo/mean_anchor_group_size"].append(sizes / counts)
-            self._metrics[mode]["gigpo/singleton_anchor_fraction"].append(singletons / counts)
+                with_anchors.append(
+                    {"mean_anchor_group_size": stats["mean_anchor_group_size"],
+                     "singleton_anchor_fraction": stats["singleton_fraction"]}
+                )
+        self.log_mean_metrics("gigpo", with_anchors, ("mean_anchor_group_size", "singleton_anchor_fraction"))
         return advantages

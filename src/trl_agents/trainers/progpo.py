@@ -167,12 +167,10 @@ class ProGPOTrainer(AgentGRPOTrainer):
             combine_parts(p, peer_weight=args.peer_weight, transition_weight=args.transition_weight, scale=s)
             for p, s in zip(parts, scales, strict=True)
         ]
-        stats = [p.stats for p in parts if p.stats["num_rows"]]
-        self.log_mean_metrics("progpo", stats, ("peer_fraction", "mean_prefix_group_size", "outcome_contrast",
-                                                 "mean_potential"))
-        if stats:
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["progpo/transition_std"].append(sum(scales) / len(scales))
+        with_rows = [(p.stats, scale) for p, scale in zip(parts, scales, strict=True) if p.stats["num_rows"]]
+        self.log_mean_metrics("progpo", [{**stats, "transition_std": scale} for stats, scale in with_rows],
+                              ("peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential",
+                               "transition_std"))
         return advantages
 
     def _batch_transition_std(self, parts) -> float:

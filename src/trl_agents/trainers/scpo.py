@@ -149,17 +149,9 @@ class SCPOTrainer(GiGPOTrainer):
             advantages.append(group_advantages)
             if group.trajectories:
                 stats.append(group_stats)
-        if stats:
-            mode = "train" if self.model.training else "eval"
-            metrics = self._metrics[mode]
-            shaped = [s for s in stats if s["shaped"]]
-            metrics["scpo/shaped_group_fraction"].append(len(shaped) / len(stats))
-            for name in ("mean_progress", "mean_shaping_return", "matched_step_fraction"):
-                # over the groups that were shaped (a success and a failure); 0 when none was
-                metrics[f"scpo/{name}"].append(sum(s[name] for s in shaped) / len(shaped) if shaped else 0.0)
-            with_anchors = [s for s in stats if s["num_anchor_groups"]]
-            if with_anchors:
-                metrics["scpo/mean_anchor_group_size"].append(
-                    sum(s["mean_anchor_group_size"] for s in with_anchors) / len(with_anchors)
-                )
+        shaped = [s for s in stats if s["shaped"]]
+        self.log_global_means({"scpo/shaped_group_fraction": (len(shaped), len(stats))})
+        # over the groups that were shaped (a success and a failure); not logged when none was
+        self.log_mean_metrics("scpo", shaped, ("mean_progress", "mean_shaping_return", "matched_step_fraction"))
+        self.log_mean_metrics("scpo", [s for s in stats if s["num_anchor_groups"]], ("mean_anchor_group_size",))
         return advantages

@@ -49,6 +49,7 @@ from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 logger = logging.getLogger(__name__)
 
 STATE_SCORES_NAME = "state_scores.json"
+STAT_NAMES = ("mean_step_reward", "mean_state_score", "low_score_fraction", "novel_fraction", "singleton_fraction")
 
 
 @dataclass
@@ -151,7 +152,7 @@ class SSPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, totals, counted = [], {}, 0
+        advantages, stats_with_steps = [], []
         for group in groups:
             group_advantages, stats = sspo_advantages_with_stats(
                 group,
@@ -163,14 +164,11 @@ class SSPOTrainer(AgentGRPOTrainer):
             )
             advantages.append(group_advantages)
             if any(traj.steps for traj in group.trajectories):
-                counted += 1
-                for name, value in stats.items():
-                    totals[name] = totals.get(name, 0.0) + value
+                stats_with_steps.append(stats)
         mode = "train" if self.model.training else "eval"
         if mode == "train":  # scores of this batch came from the table before it; now add the batch
             self._update_state_scores(groups)
-        for name, total in totals.items():
-            self._metrics[mode][f"3spo/{name}"].append(total / counted)
+        self.log_mean_metrics("3spo", stats_with_steps, STAT_NAMES)
         self._metrics[mode]["3spo/table_size"].append(float(len(self.state_scores.counts)))
         self._metrics[mode]["3spo/episodes_counted"].append(float(self.state_scores.t - 1))
         return advantages

@@ -109,13 +109,11 @@ class VICTTrainer(AgentGRPOTrainer):
             for name in totals:
                 totals[name] += stats[name]
         count = totals["trajectories"]
-        if count:
-            metrics = self._metrics["train" if self.model.training else "eval"]
-            traced = count - totals["abstained"]
-            metrics["vict/abstention_rate"].append(totals["abstained"] / count)
-            if traced:
-                metrics["vict/mean_credited_steps"].append(totals["credited_steps"] / traced)
-                metrics["vict/credited_step_fraction"].append(totals["credited_steps"] / totals["traced_steps"])
-            for reason in ABSTAIN_REASONS:
-                metrics[f"vict/abstain/{reason}"].append(totals[f"abstain/{reason}"] / count)
+        traced = count - totals["abstained"]
+        self.log_global_means({
+            "vict/abstention_rate": (totals["abstained"], count),
+            "vict/mean_credited_steps": (totals["credited_steps"], traced),
+            "vict/credited_step_fraction": (totals["credited_steps"], totals["traced_steps"]),
+            **{f"vict/abstain/{reason}": (totals[f"abstain/{reason}"], count) for reason in ABSTAIN_REASONS},
+        })
         return advantages

@@ -1,0 +1,192 @@
+"""Worker of tests/test_multiprocess.py: two training steps of each case (method and settings) on the same 8 tasks
+× G = 2 episodes, run with one process (`python tests/multiprocess_worker.py ...`) or several (`accelerate launch
+--config_file configs/accelerate/cpu_2proc.yaml tests/multiprocess_worker.py ...`).
+
+Rollouts must not depend on how tasks are split between processes, so the policy is a deterministic stand-in for
+sampling (`DeterministicGenerator`) and the environment a small walk with every capability the methods need. A
+process's generation batch is 8 episodes / number of processes, so the global batch is the same in both runs.
+
+Written under `--output_dir/<case>/` (see `CASES`): the trainer's own `trajectories/*.parquet` (one file per rollout
+and rank: actions, returns and advantages), `log_history.json` and `parameters.pt` (rank 0, after the last optimizer
+step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch
+from transformers import AutoTokenizer
+
+from trl_agents.envs import AgentEnv, VerifierAtom, register_env
+from trl_agents.rollout.generators import GenerationOutput, SamplingParams
+from trl_agents.trainers import METHODS, get_method
+
+GLOBAL_EPISODES = 8  # per generation batch, whatever the number of processes
+NUM_GENERATIONS = 2
+NUM_TASKS = 4  # each step runs all 4 (twice: 3SPO then reads a table filled by both processes)
+ACTIONS = ("right", "left", "right", "wait")  # "wait" is invalid (the invalid-action penalty); two neighbours
+# always hold one "right", so the G = 2 episodes of a task start differently
+
+# Case name -> (method, config overrides). Every method except dr_grpo (its loss is normalised per process, see
+# tests/test_multiprocess.py), plus GRPO with gradient accumulation and with conversation rows.
+CASES = {
+    **{name: (name, {}) for name in METHODS if name != "dr_grpo"},
+    "bipace": ("bipace", {"hidden_layer": -1}),  # the tiny model has one decoder layer
+    "grpo_accumulation": ("grpo", {"gradient_accumulation_steps": 2}),
+    "grpo_conversation": ("grpo", {"row_format": "conversation"}),
+}
+
+@register_env
+class WalkEnv(AgentEnv):
+    """Walk from 0 to a target at 1-3 (from the seed): +1 and success on arrival, −0.1 per other step.
+
+    Has the capabilities every method needs: `state_key` (anchor states), `solver_value` (CAST) and `verify`
+    (VICT: one atom per position on the way, witnessed by the step that first reached it).
+    """
+
+    name = "test-multiprocess-walk"
+    instructions = "Walk to the target. Answer left or right."
+    task_keys = ("seed",)
+
+    def reset(self, task):
+        self.seed = task["seed"]
+        self.target = 1 + self.seed % 3
+        self.position = 0
+        self.num_steps = 0
+        self.first_reached: dict[int, int] = {}  # position -> index of the step that first reached it
+        return self._observation()
+
+    def _observation(self) -> str:
+        # The task seed is in the text, so two tasks never show the same prompt (see DeterministicGenerator).
+        return f"Task {self.seed}: you are at {self.position}, the target is at {self.target}."
+
+    def step(self, action_text):
+        self.num_steps += 1
+        move = {"left": -1, "right": 1}.get(action_text.strip())
+        if move is None:
+            return self._observation(), -0.1, False, {"valid": False}
+        self.position += move
+        self.first_reached.setdefault(self.position, self.num_steps - 1)
+        arrived = self.position == self.target
+        return self._observation(), 1.0 if arrived else -0.1, arrived, {"valid": True, "success": arrived}
+
+    def state_key(self):
+        return (self.seed, self.position)
+
+    def solver_value(self):
+        return float(abs(self.target - self.position))
+
+    def verify(self):
+        return [
+            VerifierAtom(
+                f"reached:{k}",
+                "sat" if k in self.first_reached else "unsat",
+                witness_step=self.first_reached.get(k),
+                depends_on=[f"reached:{k - 1}"] if k > 1 else [],
+            )
+            for k in range(1, self.target + 1)
+        ]
+
+    @classmethod
+    def task_split(cls, split, count=None, **env_kwargs):
+        return [{"env": cls.name, "seed": seed, "task_id": f"walk-{seed}"} for seed in range(count or NUM_TASKS)]
+
+
+class DeterministicGenerator:
+    """Answers "right" once an episode is right of the start, and otherwise one of `ACTIONS`, chosen by a hash of the
+    prompt's text (so the choices do not depend on the tokenizer) and by how many identical prompts came before it
+    in the same call.
+
+    Identical prompts only come from the episodes of one task (the observation names the task), and whole groups
+    run on one process in episode order, so every episode gets the same action however tasks are split between
+    processes; the G episodes of a task still differ, which gives the groups reward variance.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = [tokenizer.eos_token_id]
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+        seen = Counter()
+        completion_ids, logprobs = [], []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt)
+            if int(re.findall(r"you are at (-?\d+)", text)[-1]) > 0:
+                action = "right"  # an episode that got going keeps going: more groups with a success and a failure
+            else:
+                action = ACTIONS[(zlib.crc32(text.encode()) + seen[text]) % len(ACTIONS)]
+            seen[text] += 1
+            ids = self.tokenizer.encode(action, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            completion_ids.append(ids)
+            logprobs.append([-1.0] * len(ids))
+        return GenerationOutput(completion_ids, logprobs)
+
+
+def train(case: str, model_dir: str, output_dir: str) -> None:
+    method_name, overrides = CASES[case]
+    method = get_method(method_name)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    accumulation = overrides.get("gradient_accumulation_steps", 1)
+    values = dict(
+        output_dir=output_dir,
+        env_name=WalkEnv.name,
+        max_steps=2,
+        per_device_train_batch_size=GLOBAL_EPISODES // (world_size * accumulation),
+        gradient_accumulation_steps=1,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=8,
+        max_turns=3,
+        history_length=1,
+        # SGD, so that the parameter change is the gradient itself (Adam's first step is ±lr almost whatever the
+        # gradient, which would hide a wrong normalisation).
+        optim="sgd",
+        learning_rate=0.5,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    config = method.config_class(**{**values, **method.defaults, **overrides})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    trainer = method.trainer_class(
+        model=model_dir,
+        args=config,
+        train_dataset=WalkEnv.task_split("train", NUM_TASKS),
+        processing_class=tokenizer,
+        generator=DeterministicGenerator(tokenizer),
+    )
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        with open(os.path.join(output_dir, "log_history.json"), "w") as handle:
+            json.dump(trainer.state.log_history, handle)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        parameters = {name: p.detach().cpu() for name, p in model.named_parameters()}
+        torch.save(parameters, os.path.join(output_dir, "parameters.pt"))
+    trainer.accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model_dir", required=True, help="saved tiny model + tokenizer")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated names of CASES")
+    args = parser.parse_args(argv)
+    for name in args.cases.split(","):
+        train(name, args.model_dir, os.path.join(args.output_dir, name))
+
+
+if __name__ == "__main__":
+    main()
