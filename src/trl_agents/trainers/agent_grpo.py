@@ -50,6 +50,7 @@ from ..credit.base import check_choice
 from ..envs import get_env_class
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
+from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import Generator
 from ..rollout.rows import TrainingRows, build_rows, split_rows
 from ..trajectory import Group, RolloutBatch
@@ -58,6 +59,14 @@ logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 CREDIT_STATISTICS = ("trajectories", "step_rows")
+# EnvPool argument -> AgentGRPOConfig field, so that a bad setting is reported under the field's name.
+ENV_EXECUTION_FIELDS = {
+    "backend": "env_backend",
+    "num_workers": "env_workers",
+    "step_timeout": "env_step_timeout",
+    "reset_timeout": "env_reset_timeout",
+    "ray_address": "ray_address",
+}
 
 
 @dataclass
@@ -86,6 +95,14 @@ class AgentGRPOConfig(GRPOConfig):
         credit_statistic (`str`, *optional*, defaults to `"trajectories"`): Population of GRPO's group statistics.
         save_trajectories (`bool`, *optional*, defaults to `True`): Write every rollout to
             `output_dir/trajectories/*.parquet`.
+        env_backend (`str`, *optional*, defaults to `"thread"`): Where environments run: `"thread"`, `"process"` or
+            `"ray"` (see [`~trl_agents.rollout.EnvPool`]).
+        env_workers (`int`, *optional*, defaults to `1`): Threads that step the episodes of a turn at once
+            (`"thread"` backend).
+        env_step_timeout (`float` or `None`, *optional*): Seconds one episode's turn may take in its environment
+            before the episode fails; None = no limit.
+        env_reset_timeout (`float` or `None`, *optional*): The same for resets.
+        ray_address (`str` or `None`, *optional*): Ray cluster of the `"ray"` backend; None = a local instance.
     """
 
     env_name: str | None = field(
@@ -137,6 +154,37 @@ class AgentGRPOConfig(GRPOConfig):
         metadata={"help": "Write every rollout (one row per step, with its advantage) to "
         "output_dir/trajectories/*.parquet."},
     )
+    env_backend: str = field(
+        default="thread",
+        metadata={"help": "Where environments run. 'thread': in the trainer process (on `env_workers` threads). "
+        "'process': each in its own worker process, killed when it hangs past `env_step_timeout`; for envs that are "
+        "slow in Python (threads share the GIL), can hang, or can crash. 'ray': each in a Ray actor, on a Ray "
+        "cluster (`ray_address`), for envs that outgrow one machine (pip install 'trl-agents[ray]'). A hung or "
+        "crashed environment fails its episode (excluded from training, kept in the saved trajectories)."},
+    )
+    env_workers: int = field(
+        default=1,
+        metadata={"help": "Threads that run the environment calls of one turn at once (env_backend='thread'). Our "
+        "choice: 1 (one after the other on the trainer thread), since the built-in puzzles step in microseconds and "
+        "threads would only add overhead; set it to the episodes per rollout for environments that wait (network, "
+        "a JVM, sleeps). 'process' and 'ray' always step every environment at once."},
+    )
+    env_step_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one episode's environment calls of a turn may take; past it the episode fails "
+        "('step timed out after N s') and the rollout goes on (the 'process'/'ray' worker is killed; a thread "
+        "cannot be, and is abandoned). Our choice: None (no limit) by default, so that environments keep running "
+        "on the trainer thread; set one below your distributed timeout for environments that can hang."},
+    )
+    env_reset_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one episode's reset may take (see env_step_timeout). None = no limit."},
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata={"help": "Address of the Ray cluster for env_backend='ray' (e.g. 'auto', 'ray://head:10001'); None "
+        "starts a local Ray instance, unless Ray is already initialised."},
+    )
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
@@ -149,6 +197,10 @@ class AgentGRPOConfig(GRPOConfig):
         check_choice("row_format", self.row_format, ROW_FORMATS)
         check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
         check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
+        check_execution_settings(
+            self.env_backend, self.env_workers, self.env_step_timeout, self.env_reset_timeout, self.ray_address,
+            names=ENV_EXECUTION_FIELDS,
+        )
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
@@ -366,7 +418,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             eos_token_ids=self.eos_token_ids,
             model_context=self._model_for_generation,
         )
-        self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
+        self.env_pool = env_pool or EnvPool(
+            env_kwargs=args.env_kwargs, default_env=args.env_name, backend=args.env_backend,
+            num_workers=args.env_workers, step_timeout=args.env_step_timeout, reset_timeout=args.env_reset_timeout,
+            ray_address=args.ray_address,
+        )
         self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
 
