@@ -7,7 +7,7 @@ import multiprocessing
 import threading
 import time
 
-import envs_for_pools  # noqa: F401  (registers test-sleepy and test-unbuildable)
+import envs_for_pools
 import pytest
 from envs_for_pools import RELEASE
 
@@ -110,6 +110,39 @@ def test_an_env_that_cannot_be_built_in_its_worker_fails_its_episodes(tokenizer,
         expected = "reset failed: RuntimeError: cannot build this environment"
         assert [t.error for t in batch.trajectories] == [expected] * 2
         assert not pool._free  # broken workers are not kept
+        env = pool.acquire({"env": "test-unbuildable"})
+        env.process.join(timeout=30)  # the worker has reported its error and exited before the first call
+        with pytest.raises(RuntimeError, match="cannot build this environment"):
+            env.reset({})
+    finally:
+        pool.close()
+
+
+def test_env_classes_that_workers_cannot_import_fail_clearly(tokenizer, scripted, monkeypatch):
+    import sys
+    import types
+
+    from trl_agents.envs import registry
+
+    class Local(envs_for_pools.SleepyEnv):  # cannot be pickled: a local class
+        name = "test-local"
+
+    monkeypatch.setitem(registry._REGISTRY, "test-local", Local)
+    pool = EnvPool(backend="process")
+    with pytest.raises(ValueError, match="cannot be pickled .* top level of an importable module"):
+        pool.acquire({"env": "test-local"})
+
+    # Importable here (the module only exists in this process), not in the worker: it dies while starting.
+    phantom = types.ModuleType("phantom_envs")
+    attributes = {"name": "test-phantom", "__module__": "phantom_envs"}
+    phantom.Phantom = type("Phantom", (envs_for_pools.SleepyEnv,), attributes)
+    monkeypatch.setitem(sys.modules, "phantom_envs", phantom)
+    monkeypatch.setitem(registry._REGISTRY, "test-phantom", phantom.Phantom)
+    try:
+        batch = engine_for(scripted, tokenizer, pool, lambda *a: "good").run([{"env": "test-phantom", "seed": 0}], 1)
+        assert batch.trajectories[0].error.startswith(
+            "reset failed: the environment worker died (exit code 1 while starting; its traceback is above."
+        )
     finally:
         pool.close()
 

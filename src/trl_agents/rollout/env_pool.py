@@ -411,6 +411,7 @@ class _RemoteEnv:
         self._started = False
         self._closed = False
         self._submitted_at = 0.0
+        self._unsent = False  # the last call could not be sent: the worker is gone
 
     # Subclasses implement _send(fn, args), _receive(timeout, kind) -> (received, reply), _kill(), _stop() and
     # _death() (why the worker is gone).
@@ -418,11 +419,12 @@ class _RemoteEnv:
     def submit(self, fn: Callable[..., Any], args: tuple) -> None:
         """Start `fn(env, *args)` in the worker."""
         self._submitted_at = time.monotonic()
+        self._unsent = False
         if not self.broken:
             try:
                 self._send(fn, args)
-            except Exception:  # noqa: BLE001 — the worker died since its last call (its pipe is broken)
-                self._fail(f"the environment worker died ({self._death()})")
+            except Exception:  # noqa: BLE001 — the worker is gone (its pipe is broken); `collect` says why
+                self._unsent = True
 
     def collect(self, timeout: float | None, kind: str) -> Any:
         """The result of the submitted call; raises what the environment raised, or `EnvCallError`."""
@@ -438,6 +440,8 @@ class _RemoteEnv:
             if reply[0] == "raised":  # the constructor failed; so does every call
                 self._fail(f"the environment could not be built: {type(reply[1]).__name__}: {reply[1]}")
                 raise reply[1]
+        if self._unsent:
+            raise self._dead(kind)
         remaining = None if timeout is None else max(self._submitted_at + timeout - time.monotonic(), 0.0)
         received, reply = self._receive(remaining, kind)
         if not received:
@@ -505,6 +509,15 @@ class ProcessEnv(_RemoteEnv):
         start_timeout: float = START_TIMEOUT,
     ):
         super().__init__(env_cls, timeouts, start_timeout)
+        try:  # what the worker receives travels by pickle: fail here, clearly, rather than in the worker
+            pickle.dumps((env_cls, env_kwargs))
+        except Exception as err:
+            raise ValueError(
+                f"backend='process' sends the environment class and env_kwargs to a worker process, but "
+                f"{env_cls.__qualname__} (module {env_cls.__module__}) or its env_kwargs cannot be pickled "
+                f"({type(err).__name__}: {err}). Define the class at the top level of an importable module and use "
+                "picklable env_kwargs."
+            ) from err
         context = _process_context()
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
@@ -530,7 +543,14 @@ class ProcessEnv(_RemoteEnv):
     def _death(self) -> str:
         self.process.join(timeout=5.0)
         code = self.process.exitcode
-        return f"exit code {code}" if code is None or code >= 0 else f"killed by signal {signal.Signals(-code).name}"
+        death = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {signal.Signals(-code).name}"
+        if not self._started:
+            death += (
+                " while starting; its traceback is above. A worker imports the environment class by module and name "
+                "(and imports your script as DataLoader workers do): define the class at the top level of a module, "
+                "not under `if __name__ == '__main__':` or in a notebook"
+            )
+        return death
 
     def _kill(self, reason: str) -> None:
         self._fail(reason)
@@ -645,6 +665,8 @@ class RayEnv(_RemoteEnv):
     def _stop(self) -> None:
         import ray
 
+        if not ray.is_initialized():  # Ray was shut down first (e.g. at exit): its actors are gone with it
+            return
         try:
             ray.get(self._actor.close.remote(), timeout=5.0)
         except Exception as err:  # noqa: BLE001 — the actor is killed anyway
