@@ -160,6 +160,8 @@ class EnvPool:
         start_timeout: float = START_TIMEOUT,
     ):
         check_execution_settings(backend, num_workers, step_timeout, reset_timeout, ray_address)
+        if not start_timeout > 0:
+            raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
         self.env_kwargs = dict(env_kwargs or {})
         self.default_env = default_env
         self.backend = backend
@@ -222,10 +224,11 @@ class EnvPool:
         """
         timeout = self.timeouts.get(kind)
         if self.backend == "thread":
-            serial = [not getattr(env, "thread_safe", True) for env, _, _ in calls]
-            outcomes = self._threads.run(
-                [(_bind(env, fn, args), alone) for (env, fn, args), alone in zip(calls, serial)], timeout, kind
-            )
+            jobs = [
+                (functools.partial(fn, env, *args), not getattr(env, "thread_safe", True))
+                for env, fn, args in calls
+            ]
+            outcomes = self._threads.run(jobs, timeout, kind)
             for (env, _, _), outcome in zip(calls, outcomes, strict=True):
                 if isinstance(outcome, EnvTimeoutError):
                     self._abandoned[id(env)] = env
@@ -264,10 +267,6 @@ def _close_all(free: dict[str, list[Any]], remote: weakref.WeakSet, threads: _Th
         env.close()
     if threads is not None:
         threads.close()
-
-
-def _bind(env: Any, fn: Callable[..., Any], args: tuple) -> Callable[[], Any]:
-    return functools.partial(fn, env, *args)
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -322,7 +321,7 @@ class _ThreadRunner:
 
     def run(self, calls: list[tuple[Callable[[], Any], bool]], timeout: float | None, kind: str) -> list[Any]:
         """Outcomes of `(call, serial)` pairs, in order (see `EnvPool.run`)."""
-        if self.num_workers == 1 and timeout is None:  # today's sequential behaviour, on the calling thread
+        if self.num_workers == 1 and timeout is None:  # one after the other on the calling thread
             return [_outcome(call) for call, _ in calls]
         phase = _Phase(len(calls))
         for index, (call, serial) in enumerate(calls):
@@ -330,7 +329,7 @@ class _ThreadRunner:
         num_serial = sum(serial for _, serial in calls)
         with self._lock:
             for serial, wanted in ((True, min(num_serial, 1)), (False, min(len(calls) - num_serial, self.num_workers))):
-                while sum(kind_ == serial for kind_ in self._workers.values()) < wanted:
+                while sum(is_serial == serial for is_serial in self._workers.values()) < wanted:
                     self._add_worker(serial)
         with phase.changed:
             while phase.pending:
