@@ -183,7 +183,9 @@ class AgentGRPOConfig(GRPOConfig):
     ray_address: str | None = field(
         default=None,
         metadata={"help": "Address of the Ray cluster for env_backend='ray' (e.g. 'auto', 'ray://head:10001'); None "
-        "starts a local Ray instance, unless Ray is already initialised."},
+        "starts a local Ray instance, unless Ray is already initialised. With several training processes, start one "
+        "cluster (`ray start --head`) and use 'auto', so that they share it. trl-agents must be installed on every "
+        "node."},
     )
 
     def __post_init__(self):
