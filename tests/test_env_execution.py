@@ -216,6 +216,8 @@ def test_envs_that_are_not_thread_safe_run_one_call_at_a_time(tokenizer, scripte
 
 
 def test_thread_workers_and_hung_threads_are_gone_after_close(tokenizer, scripted):
+    for thread in env_threads():  # hung threads of earlier tests, released by the fixture, finish first
+        thread.join(timeout=5)
     pool = EnvPool(num_workers=4, step_timeout=0.5)
     engine = engine_for(scripted, tokenizer, pool, act_at(0, 0, "hang"), max_turns=1)
     batch = engine.run(TASKS, num_generations=2)
