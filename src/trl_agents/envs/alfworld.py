@@ -141,6 +141,7 @@ class ALFWorld(AgentEnv):
     name = "alfworld"
     task_keys = ("seed", "game_file")
     requires = ("alfworld", "textworld", "fast_downward")
+    thread_safe = False  # TextWorld parses PDDL and text grammars with module-level parsers, in loads, resets and steps
     instructions = (
         "You are an agent in a household (ALFWorld, the text version of the ALFRED benchmark). The room has "
         "receptacles (countertops, cabinets, drawers, a fridge, a microwave, a sink basin, ...) with objects in and on "

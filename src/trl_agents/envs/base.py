@@ -67,6 +67,10 @@ class AgentEnv(abc.ABC):
             trainer receives its dataset, so a row without a task fails with a clear message up front.
         requires: Python packages (import names) the environment needs beyond trl-agents' own dependencies; they
             come with the `envs` extra. `missing_requirements()` says which are absent.
+        thread_safe: False when instances may not run on several threads at once, e.g. because the environment
+            uses module-level state of a library (TextWorld's parsers). The rollout's thread backend then runs the
+            calls of all such environments one at a time; the process and Ray backends give every environment its
+            own interpreter and run them in parallel.
     """
 
     name: ClassVar[str] = ""
@@ -74,6 +78,7 @@ class AgentEnv(abc.ABC):
     roles: ClassVar[tuple[str, ...]] = ()
     task_keys: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[str, ...]] = ()
+    thread_safe: ClassVar[bool] = True
 
     _CAPABILITY_METHODS: ClassVar[tuple[str, ...]] = (
         "snapshot",

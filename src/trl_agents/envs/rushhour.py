@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -357,13 +358,18 @@ class DistanceTable:
         return plan
 
 
-# Tables by board string: every state of a component maps to the same table (generation registers the puzzle).
+# Tables by board string: every state of a component maps to the same table (generation registers the puzzle). The
+# lock makes look-up-and-update atomic for environments stepped on threads; tables are built outside it.
 _TABLES: OrderedDict[str, DistanceTable] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
 
 
 def distance_table(board: str, max_states: int = 1_000_000) -> DistanceTable:
     """The exact table of `board`'s component, cached per board string (the last 256 boards)."""
-    table = _TABLES.get(board)
+    with _TABLES_LOCK:
+        table = _TABLES.get(board)
+        if table is not None:
+            _TABLES.move_to_end(board)
     if table is None:
         layout, state = parse_board(board)
         table = DistanceTable(layout, state, max_states)
@@ -373,16 +379,15 @@ def distance_table(board: str, max_states: int = 1_000_000) -> DistanceTable:
             f"The Rush Hour state space of this board has {table.num_states} states, more than "
             f"max_states={max_states}; raise `max_states` to solve it"
         )
-    else:
-        _TABLES.move_to_end(board)
     return table
 
 
 def _remember(board: str, table: DistanceTable) -> None:
-    _TABLES[board] = table
-    _TABLES.move_to_end(board)
-    while len(_TABLES) > _TABLE_CACHE_SIZE:
-        _TABLES.popitem(last=False)
+    with _TABLES_LOCK:
+        _TABLES[board] = table
+        _TABLES.move_to_end(board)
+        while len(_TABLES) > _TABLE_CACHE_SIZE:
+            _TABLES.popitem(last=False)
 
 
 def format_move(label: str, d: int) -> str:

@@ -283,6 +283,7 @@ class TextWorld(AgentEnv):
     name = "textworld"
     task_keys = ("challenge", "game_file", "seed")
     requires = ("textworld", "jericho")
+    thread_safe = False  # textworld.start() parses the game's logic with a module-level parser (shared with ALFWorld)
     instructions = (
         "You are playing a text adventure game. Read the observation, then act to complete the goal.\n"
         "Reply with exactly one command, written as in the list of valid commands (for example: go north, "

@@ -1,13 +1,16 @@
 """Rollouts: the turn loop, prompt rendering and generators."""
 
-from .engine import ROW_FORMATS, EnvPool, RolloutEngine
+from .engine import ROW_FORMATS, RolloutEngine
+from .env_pool import EnvCallError, EnvPool, EnvTimeoutError
 from .generators import GenerationOutput, Generator, SamplingParams, TransformersGenerator
 from .prompts import PromptRenderer, PromptTooLongError
 from .vllm import VLLMGenerator
 
 __all__ = [
     "ROW_FORMATS",
+    "EnvCallError",
     "EnvPool",
+    "EnvTimeoutError",
     "GenerationOutput",
     "Generator",
     "PromptRenderer",

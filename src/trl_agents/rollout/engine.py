@@ -3,8 +3,13 @@
 Every episode of a group is reset with the same task row, so the G episodes start from identical states (checked:
 a non-deterministic `reset` is an error, since group-relative credit would be meaningless). Each turn the engine
 renders the prompt of every active episode, makes ONE `generator.generate` call, decodes the actions, steps the
-environments and records a `Step`. Finished episodes stop generating. An environment that raises fails its own
-episode (recorded with `Trajectory.error`, excluded from training) and the others go on.
+environments and records a `Step`. Finished episodes stop generating. An environment that raises, hangs past its
+timeout or whose worker dies fails its own episode (recorded with `Trajectory.error`, excluded from training, its
+earlier steps kept) and the others go on.
+
+Environment calls go through the `EnvPool` (`rollout/env_pool.py`): all resets of a rollout, and all steps of a
+turn, form one phase that the pool runs in place, on threads, or in worker processes or Ray actors, with per-call
+timeouts. Results are applied in episode order, so a rollout does not depend on which environment answered first.
 
 Example:
     >>> from trl_agents.rollout import RolloutEngine, PromptRenderer, SamplingParams, TransformersGenerator
@@ -27,8 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..envs import INFO_SUCCESS, INFO_VALID, AgentEnv, make_env
+from ..envs import INFO_SUCCESS, INFO_VALID, AgentEnv
 from ..trajectory import Group, RolloutBatch, Step, Trajectory
+from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
 from .prompts import PromptRenderer
 
@@ -51,38 +57,6 @@ class _Episode:
     solver_value: float | None = None  # cost-to-go of the current state, when recorded
 
 
-class EnvPool:
-    """Reusable environment instances by name (constructing some environments is expensive; resetting is not)."""
-
-    def __init__(self, env_kwargs: dict[str, Any] | None = None, default_env: str | None = None):
-        self.env_kwargs = dict(env_kwargs or {})
-        self.default_env = default_env
-        self._free: dict[str, list[AgentEnv]] = {}
-
-    def env_name(self, task: dict[str, Any]) -> str:
-        name = task.get("env", self.default_env)
-        if not name:
-            raise ValueError(
-                f"Task {task!r} does not name an environment: add an 'env' column to the dataset or set the "
-                "config field `env_name`."
-            )
-        return name
-
-    def acquire(self, task: dict[str, Any]) -> AgentEnv:
-        name = self.env_name(task)
-        free = self._free.get(name)
-        return free.pop() if free else make_env(name, **self.env_kwargs)
-
-    def release(self, env: AgentEnv) -> None:
-        self._free.setdefault(env.name, []).append(env)
-
-    def close(self) -> None:
-        for envs in self._free.values():
-            for env in envs:
-                env.close()
-        self._free.clear()
-
-
 class RolloutEngine:
     """Runs groups of episodes against environments with one batched generation call per turn.
 
@@ -93,7 +67,9 @@ class RolloutEngine:
         sampling: Sampling parameters of every turn.
         row_format: `"step"` (each turn is a fresh prompt with a history window) or `"conversation"` (one growing
             chat per episode).
-        env_pool: Where environments come from (default: `make_env(task["env"])`).
+        env_pool: Where environments come from and how their calls run (default: `EnvPool()`, environments from
+            `make_env(task["env"])` stepped one after the other on this thread; see `EnvPool` for concurrency,
+            timeouts and the process/Ray backends).
         system_prompt: Overrides the environment's `instructions` as the system message when not None.
         record_snapshots: Store `env.snapshot()` before every action (for branching topologies).
         record_signals: Environment capabilities to record for credit methods that need them:
@@ -142,10 +118,15 @@ class RolloutEngine:
         episodes: list[_Episode] = []
         try:
             for group in groups:
-                members = [self._start(group.task, index) for index in range(num_generations)]
-                self._check_identical_starts(group.task, members)
-                group.trajectories = [episode.trajectory for episode in members]
-                episodes.extend(members)
+                first = len(episodes)
+                for index in range(num_generations):
+                    env = self.env_pool.acquire(group.task)  # appended at once: released in `finally` whatever fails
+                    episodes.append(_Episode(env=env, trajectory=Trajectory(task=dict(group.task), episode_id=index)))
+                group.trajectories = [episode.trajectory for episode in episodes[first:]]
+            self._start(episodes)
+            for index, group in enumerate(groups):
+                start = index * num_generations
+                self._check_identical_starts(group.task, episodes[start : start + num_generations])
             for turn in range(self.max_turns):
                 active = [episode for episode in episodes if not episode.finished]
                 if not self._any_active(active):
@@ -172,22 +153,25 @@ class RolloutEngine:
 
     # ---- one episode ---------------------------------------------------------------------------------------------
 
-    def _start(self, task: dict[str, Any], episode_id: int) -> _Episode:
-        env = self.env_pool.acquire(task)
-        episode = _Episode(env=env, trajectory=Trajectory(task=dict(task), episode_id=episode_id))
-        try:
-            episode.observation = env.reset(dict(task))
-            episode.system = env.instructions if self.system_prompt is None else self.system_prompt
-            episode.task_text = env.task_description()
+    def _start(self, episodes: list[_Episode]) -> None:
+        """Reset every episode's environment (one `EnvPool.run` phase: concurrently where the pool says so)."""
+        record_solver_value = "solver_value" in self.record_signals
+        calls = [(episode.env, _reset_calls, (episode.trajectory.task, record_solver_value)) for episode in episodes]
+        for episode, start in zip(episodes, self.env_pool.run(calls, "reset"), strict=True):
+            if isinstance(start, BaseException) or start.error is not None:
+                self._fail(episode, _failure("reset", start))
+                continue
+            episode.observation = start.observation
+            episode.system = start.instructions if self.system_prompt is None else self.system_prompt
+            episode.task_text = start.task_text
+            episode.solver_value = start.solver_value
             if self.row_format == "conversation":
-                episode.context_ids = self.renderer.conversation_prompt_ids(
-                    episode.system, episode.task_text, episode.observation
-                )
-            if "solver_value" in self.record_signals:
-                episode.solver_value = float(env.solver_value())
-        except Exception as err:  # noqa: BLE001 — an env failure fails its episode, never the run
-            self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
-        return episode
+                try:
+                    episode.context_ids = self.renderer.conversation_prompt_ids(
+                        episode.system, episode.task_text, episode.observation
+                    )
+                except Exception as err:  # noqa: BLE001 — e.g. a first observation longer than the prompt budget
+                    self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
 
     @staticmethod
     def _check_identical_starts(task: dict[str, Any], members: list[_Episode]) -> None:
@@ -223,13 +207,16 @@ class RolloutEngine:
         output = self.generator.generate(prompts, self.sampling)
         # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
         texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True) if ready else []
-        for episode, prompt_ids, action_ids, logprobs, text in zip(
-            ready, prompts, output.completion_ids, output.logprobs, texts, strict=True
+        flags = (self.record_snapshots, "solver_value" in self.record_signals)
+        calls = [(episode.env, _step_calls, (text, *flags)) for episode, text in zip(ready, texts, strict=True)]
+        outcomes = self.env_pool.run(calls, "step")
+        for episode, prompt_ids, action_ids, logprobs, text, outcome in zip(
+            ready, prompts, output.completion_ids, output.logprobs, texts, outcomes, strict=True
         ):
-            self._apply_action(episode, prompt_ids, list(action_ids), list(logprobs), text)
+            self._apply_action(episode, prompt_ids, list(action_ids), list(logprobs), text, outcome)
 
-    def _apply_action(self, episode: _Episode, prompt_ids, action_ids, logprobs, text: str) -> None:
-        env = episode.env
+    def _apply_action(self, episode: _Episode, prompt_ids, action_ids, logprobs, text: str, outcome) -> None:
+        """Record the step whose environment calls (`_step_calls`) returned `outcome`."""
         step = Step(
             observation=episode.observation,
             action_text=text,
@@ -237,36 +224,31 @@ class RolloutEngine:
             action_ids=action_ids,
             action_logprobs=logprobs,
         )
-        try:
-            if env.supports("state_key"):
-                step.state_key = env.state_key()
-            if self.record_snapshots and env.supports("snapshot"):
-                step.snapshot = env.snapshot()
-            observation, reward, done, info = env.step(text)
-            info = dict(info or {})
-            if "solver_value" in self.record_signals:
-                value_next = float(env.solver_value())
-                info["solver_value"], info["solver_value_next"] = episode.solver_value, value_next
-                episode.solver_value = value_next
-        except Exception as err:  # noqa: BLE001
-            episode.trajectory.steps.append(step)
-            self._fail(episode, f"step failed: {type(err).__name__}: {err}")
-            return
-        step.reward, step.done, step.valid = float(reward), bool(done), bool(info.get(INFO_VALID, True))
-        step.info = _json_safe(info)
         trajectory = episode.trajectory
+        if not isinstance(outcome, BaseException):
+            step.state_key, step.snapshot = outcome.state_key, outcome.snapshot
+        if isinstance(outcome, BaseException) or outcome.error is not None:
+            trajectory.steps.append(step)  # the failed step stays in the record
+            self._fail(episode, _failure("step", outcome))
+            return
+        info = outcome.info
+        if "solver_value" in self.record_signals:
+            info["solver_value"], info["solver_value_next"] = episode.solver_value, outcome.solver_value_next
+            episode.solver_value = outcome.solver_value_next
+        step.reward, step.done, step.valid, step.info = outcome.reward, outcome.done, outcome.valid, info
         trajectory.steps.append(step)
-        trajectory.success = bool(info.get(INFO_SUCCESS, False))
-        # History shows the env's canonical action when it has one (verl-agent stores the parsed action).
-        episode.history.append((episode.observation, str(info.get("action") or text.strip())))
-        episode.observation = observation
-        if done or len(trajectory.steps) >= self.max_turns:
+        trajectory.success = outcome.success
+        episode.history.append((episode.observation, outcome.history_action))
+        episode.observation = outcome.observation
+        if outcome.done or len(trajectory.steps) >= self.max_turns:
             self._finish(episode)
             return
         if self.row_format == "conversation":
             ended = bool(action_ids) and action_ids[-1] in self.eos_token_ids
             # A turn cut by the token budget did not emit EOS: close it so the chat stays well formed.
-            step.env_ids = ([] if ended else [self.tokenizer.eos_token_id]) + self.renderer.env_turn_ids(observation)
+            step.env_ids = ([] if ended else [self.tokenizer.eos_token_id]) + self.renderer.env_turn_ids(
+                outcome.observation
+            )
             episode.context_ids = prompt_ids + action_ids + step.env_ids
 
     def _finish(self, episode: _Episode) -> None:
@@ -281,10 +263,81 @@ class RolloutEngine:
             steps[-1].info["verifier_atoms"] = [dataclasses.asdict(atom) for atom in atoms]
 
     def _fail(self, episode: _Episode, message: str) -> None:
-        logger.warning("Episode %d of task %s failed: %s", episode.trajectory.episode_id, episode.trajectory.task, message)
+        trajectory = episode.trajectory
+        logger.warning("Episode %d of task %s failed: %s", trajectory.episode_id, trajectory.task, message)
         episode.trajectory.error = message
         episode.trajectory.success = False
         episode.finished = True
+
+
+# ---- the environment calls of one reset / one turn, run where the environment lives (`EnvPool.run`) ----------------
+
+
+@dataclass
+class _EnvStart:
+    observation: str = ""
+    instructions: str = ""
+    task_text: str = ""
+    solver_value: float | None = None
+    error: str | None = None  # "ValueError: ..." when an environment call raised
+
+
+@dataclass
+class _EnvTurn:
+    state_key: Any = None
+    snapshot: Any = None
+    observation: str = ""
+    reward: float = 0.0
+    done: bool = False
+    valid: bool = True
+    success: bool = False
+    history_action: str = ""  # the env's canonical action when it gives one (verl-agent stores the parsed action)
+    info: dict[str, Any] = field(default_factory=dict)
+    solver_value_next: float | None = None
+    error: str | None = None
+
+
+def _reset_calls(env: AgentEnv, task: dict[str, Any], record_solver_value: bool) -> _EnvStart:
+    start = _EnvStart()
+    try:
+        start.observation = env.reset(dict(task))
+        start.instructions = env.instructions
+        start.task_text = env.task_description()
+        if record_solver_value:
+            start.solver_value = float(env.solver_value())
+    except Exception as err:  # noqa: BLE001 — an env failure fails its episode, never the run
+        start.error = f"{type(err).__name__}: {err}"
+    return start
+
+
+def _step_calls(env: AgentEnv, action_text: str, record_snapshot: bool, record_solver_value: bool) -> _EnvTurn:
+    turn = _EnvTurn()
+    try:
+        if env.supports("state_key"):
+            turn.state_key = env.state_key()
+        if record_snapshot and env.supports("snapshot"):
+            turn.snapshot = env.snapshot()
+        observation, reward, done, info = env.step(action_text)
+        info = dict(info or {})
+        turn.observation, turn.reward, turn.done = observation, float(reward), bool(done)
+        turn.valid, turn.success = bool(info.get(INFO_VALID, True)), bool(info.get(INFO_SUCCESS, False))
+        turn.history_action = str(info.get("action") or action_text.strip())
+        turn.info = _json_safe(info)  # also what lets the info travel back from a worker process
+        if record_solver_value:
+            turn.solver_value_next = float(env.solver_value())
+    except Exception as err:  # noqa: BLE001
+        turn.error = f"{type(err).__name__}: {err}"
+    return turn
+
+
+def _failure(kind: str, outcome: Any) -> str:
+    """The `Trajectory.error` of a failed reset or step: the pool's own message (timeout, dead worker) or what the
+    environment raised."""
+    if isinstance(outcome, EnvCallError):
+        return str(outcome)
+    if isinstance(outcome, BaseException):
+        return f"{kind} failed: {type(outcome).__name__}: {outcome}"
+    return f"{kind} failed: {outcome.error}"
 
 
 def _json_safe(info: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from ..credit.base import check_choice
 from ..envs import get_env_class
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
+from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
 from ..rollout.rows import TrainingRows, build_rows, split_rows
 from ..rollout.vllm import VLLMGenerator
@@ -60,6 +61,14 @@ logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 CREDIT_STATISTICS = ("trajectories", "step_rows")
+# EnvPool argument -> AgentGRPOConfig field, so that a bad setting is reported under the field's name.
+ENV_EXECUTION_FIELDS = {
+    "backend": "env_backend",
+    "num_workers": "env_workers",
+    "step_timeout": "env_step_timeout",
+    "reset_timeout": "env_reset_timeout",
+    "ray_address": "ray_address",
+}
 
 
 @dataclass
@@ -90,6 +99,14 @@ class AgentGRPOConfig(GRPOConfig):
             `output_dir/trajectories/*.parquet`.
         generation_backend (`str`, *optional*, defaults to `"auto"`): How the built-in transformers generator
             decodes: `"auto"`, `"generate"`, `"static"` or `"paged"` (see `TransformersGenerator`).
+        env_backend (`str`, *optional*, defaults to `"thread"`): Where environments run: `"thread"`, `"process"` or
+            `"ray"` (see [`~trl_agents.rollout.EnvPool`]).
+        env_workers (`int`, *optional*, defaults to `1`): Threads that step the episodes of a turn at once
+            (`"thread"` backend).
+        env_step_timeout (`float` or `None`, *optional*): Seconds one episode's turn may take in its environment
+            before the episode fails; None = no limit.
+        env_reset_timeout (`float` or `None`, *optional*): The same for resets.
+        ray_address (`str` or `None`, *optional*): Ray cluster of the `"ray"` backend; None = a local instance.
     """
 
     env_name: str | None = field(
@@ -150,6 +167,39 @@ class AgentGRPOConfig(GRPOConfig):
         "(our choice: 'static' on CUDA, falling back to 'generate' with a warning if it fails; 'generate' "
         "elsewhere)."},
     )
+    env_backend: str = field(
+        default="thread",
+        metadata={"help": "Where environments run. 'thread': in the trainer process (on `env_workers` threads). "
+        "'process': each in its own worker process, killed when it hangs past `env_step_timeout`; for envs that are "
+        "slow in Python (threads share the GIL), can hang, or can crash. 'ray': each in a Ray actor, on a Ray "
+        "cluster (`ray_address`), for envs that outgrow one machine (pip install 'trl-agents[ray]'). A hung or "
+        "crashed environment fails its episode (excluded from training, kept in the saved trajectories)."},
+    )
+    env_workers: int = field(
+        default=1,
+        metadata={"help": "Threads that run the environment calls of one turn at once (env_backend='thread'). Our "
+        "choice: 1 (one after the other on the trainer thread), since the built-in puzzles step in microseconds and "
+        "threads would only add overhead; set it to the episodes per rollout for environments that wait (network, "
+        "a JVM, sleeps). 'process' and 'ray' always step every environment at once."},
+    )
+    env_step_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one episode's environment calls of a turn may take; past it the episode fails "
+        "('step timed out after N s') and the rollout goes on (the 'process'/'ray' worker is killed; a thread "
+        "cannot be, and is abandoned). Our choice: None (no limit) by default, so that environments keep running "
+        "on the trainer thread; set one below your distributed timeout for environments that can hang."},
+    )
+    env_reset_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds one episode's reset may take (see env_step_timeout). None = no limit."},
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata={"help": "Address of the Ray cluster for env_backend='ray' (e.g. 'auto', 'ray://head:10001'); None "
+        "starts a local Ray instance, unless Ray is already initialised. With several training processes, start one "
+        "cluster (`ray start --head`) and use 'auto', so that they share it. trl-agents must be installed on every "
+        "node."},
+    )
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
@@ -164,6 +214,10 @@ class AgentGRPOConfig(GRPOConfig):
         check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
         check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
         check_choice("generation_backend", self.generation_backend, GENERATION_BACKENDS)
+        check_execution_settings(
+            self.env_backend, self.env_workers, self.env_step_timeout, self.env_reset_timeout, self.ray_address,
+            names=ENV_EXECUTION_FIELDS,
+        )
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
@@ -411,7 +465,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             ),
         )
         self._last_loaded_step = -1  # TRL's tag: the step whose weights the generator holds (-1: not synced yet)
-        self.env_pool = env_pool or EnvPool(env_kwargs=args.env_kwargs, default_env=args.env_name)
+        self.env_pool = env_pool or EnvPool(
+            env_kwargs=args.env_kwargs, default_env=args.env_name, backend=args.env_backend,
+            num_workers=args.env_workers, step_timeout=args.env_step_timeout, reset_timeout=args.env_reset_timeout,
+            ray_address=args.ray_address,
+        )
         self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
 

@@ -7,7 +7,9 @@ board. Two-player games map to roles `player_0`/`player_1` with `current_role()`
 
 TextArena draws from Python's global `random` module (and reseeds it on every reset). The adapter gives each
 environment its own random state and swaps it in around every call into TextArena, so episodes are deterministic
-given the seed even when many run interleaved, and the caller's global random state is left untouched.
+given the seed even when many run interleaved, and the caller's global random state is left untouched. The swap is
+process-wide, so calls into TextArena are serialised by a lock: environments stepped on threads stay deterministic
+(the games are pure Python and fast, so threads would not run them faster anyway).
 
 Example:
     >>> from trl_agents.envs.adapters.textarena import TextArenaEnv
@@ -34,6 +36,7 @@ import numbers
 import os
 import random
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,6 +47,7 @@ from ..validation import check_int
 
 _INSTALL_HINT = 'pip install "trl-agents[envs]" (or textarena==0.7.4)'
 _GAME_ID = -1  # TextArena's sender id of game messages (ta.GAME_ID)
+_GLOBAL_RANDOM_LOCK = threading.RLock()  # held while TextArena runs with an episode's global-`random` state
 
 # Games that cannot run in every installation, by the folder name of their TextArena module, with what they need.
 # Checked before importing the game, because some of these modules try a network download at import time.
@@ -264,14 +268,15 @@ class TextArenaEnv(AgentEnv):
 
         Some games also print debugging lines ("Generated puzzle in 2 attempts"); they are silenced.
         """
-        outer = random.getstate()
-        random.setstate(episode.rng_state)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                yield
-        finally:
-            episode.rng_state = random.getstate()
-            random.setstate(outer)
+        with _GLOBAL_RANDOM_LOCK:
+            outer = random.getstate()
+            random.setstate(episode.rng_state)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    yield
+            finally:
+                episode.rng_state = random.getstate()
+                random.setstate(outer)
 
     # ---- episode ---------------------------------------------------------------------------------------------------
 
@@ -489,17 +494,18 @@ def _role_names(players: int) -> tuple[str, ...]:
 def _infer_num_players(spec: _GameSpec) -> int:
     """1 if the game starts with one player, else 2 (TextArena's states assert their player count at reset)."""
     errors = []
-    outer = random.getstate()
-    try:
-        for players in (1, 2):
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):
-                    spec.env_class(**spec.kwargs).reset(num_players=players, seed=0)
-                return players
-            except Exception as err:  # noqa: BLE001 - each game reports a wrong player count its own way
-                errors.append(f"{players} player(s): {type(err).__name__}: {err}")
-    finally:
-        random.setstate(outer)
+    with _GLOBAL_RANDOM_LOCK:
+        outer = random.getstate()
+        try:
+            for players in (1, 2):
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        spec.env_class(**spec.kwargs).reset(num_players=players, seed=0)
+                    return players
+                except Exception as err:  # noqa: BLE001 - each game reports a wrong player count its own way
+                    errors.append(f"{players} player(s): {type(err).__name__}: {err}")
+        finally:
+            random.setstate(outer)
     raise ValueError(
         f"TextArena game {spec.game!r} started neither with 1 nor with 2 players ({'; '.join(errors)}); pass "
         "num_players= explicitly."
