@@ -242,6 +242,9 @@ def test_process_workers_are_reused_and_stopped_by_close(tokenizer, scripted):
     pool.close()
     assert not any(worker.is_alive() for worker in workers)
     assert not set(multiprocessing.active_children()) & set(workers)
+    third = engine.run(TASKS, num_generations=2)  # a closed pool starts new workers when used again
+    assert len({t.steps[0].info["pid"] for t in third.trajectories} - pids) == 4
+    pool.close()
 
 
 def test_process_env_forwards_the_agent_env_methods():
@@ -311,11 +314,10 @@ def test_training_goes_on_when_an_env_hangs_in_its_worker(train_one_iteration, t
         failed = rows[rows["error"].notna()]
         assert list(failed["error"]) == ["step timed out after 2 s"] and failed["advantage"].isna().all()
         assert len(rows[rows["error"].isna()]) == 3 * 2  # the three healthy episodes, two turns each
-        workers = [env.process for envs in trainer.env_pool._free.values() for env in envs]
-        assert len(workers) == 3 and all(worker.is_alive() for worker in workers)
+        # train() stopped the environments' workers at its end (the hung one was killed at its timeout)
+        assert not trainer.env_pool._free and not multiprocessing.active_children()
     finally:
         trainer.env_pool.close()
-    assert not any(worker.is_alive() for worker in workers)
 
 
 def test_config_fields_are_validated(tmp_path):
@@ -530,3 +532,15 @@ def test_every_built_in_env_plays_the_same_on_threads(name):
 
         GameLogic.parse.cache_clear()
     assert play(EnvPool(env_kwargs=kwargs, num_workers=4, step_timeout=300.0)) == sequential
+
+
+def test_trl_agents_eval_runs_environments_on_the_chosen_backend(tiny_model_dir):
+    from trl_agents.cli import evaluate
+
+    argv = ["--model_name_or_path", tiny_model_dir, "--env_name", "sokoban", "--num_eval_tasks", "3",
+            "--max_turns", "2", "--max_new_tokens", "4"]
+    in_workers = evaluate([*argv, "--env_backend", "process", "--env_step_timeout", "30"])
+    assert in_workers == evaluate(argv) and in_workers["failed_episodes"] == 0
+    assert not multiprocessing.active_children()  # eval stopped its workers
+    with pytest.raises(ValueError, match="env_backend must be one of"):
+        evaluate([*argv, "--env_backend", "processes"])

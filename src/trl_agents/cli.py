@@ -84,6 +84,13 @@ class EvalArguments:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
     num_samples: int = field(default=1, metadata={"help": "Episodes per task when sampling (reports pass@k)."})
     output_file: str | None = field(default=None, metadata={"help": "Write the results here as JSON."})
+    env_backend: str = field(
+        default="thread", metadata={"help": "Where environments run: 'thread', 'process' or 'ray' (see training)."}
+    )
+    env_workers: int = field(default=1, metadata={"help": "Threads stepping environments at once ('thread')."})
+    env_step_timeout: float | None = field(
+        default=None, metadata={"help": "Seconds a turn may take in an environment before its episode fails."}
+    )
     vllm_server_url: str | None = field(
         default=None,
         metadata={"help": "Generate with a running vLLM server that serves this checkpoint (e.g. "
@@ -101,9 +108,12 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
     from .evaluation import evaluate_policy
-    from .trainers.agent_grpo import as_dict, load_agent_config
+    from .rollout import EnvPool
+    from .rollout.env_pool import check_execution_settings
+    from .trainers.agent_grpo import ENV_EXECUTION_FIELDS, as_dict, load_agent_config
 
     (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
+    check_execution_settings(args.env_backend, args.env_workers, args.env_step_timeout, None, None, ENV_EXECUTION_FIELDS)
     trained = {**EVAL_FALLBACKS, **load_agent_config(args.model_name_or_path)}
 
     def setting(value, name):
@@ -120,6 +130,13 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
         model, generator = None, VLLMClientGenerator(args.vllm_server_url, [tokenizer.eos_token_id])
     else:
         model, generator = AutoModelForCausalLM.from_pretrained(args.model_name_or_path), None
+    env_pool = EnvPool(
+        env_kwargs=env_kwargs,
+        default_env=env_name,
+        backend=args.env_backend,
+        num_workers=args.env_workers,
+        step_timeout=args.env_step_timeout,
+    )
     result = evaluate_policy(
         model,
         tokenizer,
@@ -138,7 +155,9 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
         temperature=args.temperature,
         num_samples=args.num_samples,
         generator=generator,
+        env_pool=env_pool,
     )
+    env_pool.close()
     print(json.dumps(result, indent=2))
     if args.output_file:
         with open(args.output_file, "w") as handle:

@@ -44,6 +44,7 @@ def evaluate_policy(
     num_samples: int = 1,
     batch_size: int | None = None,
     generator: Generator | None = None,
+    env_pool: EnvPool | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     return_rollout: bool = False,
 ) -> dict[str, Any]:
@@ -51,7 +52,9 @@ def evaluate_policy(
 
     Returns a dict with `success_rate`, `episode_return`, `episode_length`, `valid_action_rate`, `num_tasks`,
     `num_episodes`, `greedy`, `failed_episodes`, and `pass_at_{num_samples}` when `num_samples > 1`. With
-    `return_rollout=True` the `RolloutBatch` is returned under `"rollout"`.
+    `return_rollout=True` the `RolloutBatch` is returned under `"rollout"`. `env_pool` runs the environments
+    (e.g. `EnvPool(backend="process", step_timeout=60)` for slow or fragile ones); by default a pool of local
+    environments, closed at the end.
     """
     env_kwargs = dict(env_kwargs or {})
     if tasks is None:
@@ -65,10 +68,14 @@ def evaluate_policy(
         max_turns=max_turns,
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy),
         row_format=row_format,
-        env_pool=EnvPool(env_kwargs=env_kwargs, default_env=env),
+        env_pool=env_pool or EnvPool(env_kwargs=env_kwargs, default_env=env),
         system_prompt=system_prompt,
     )
-    batch = engine.run(tasks, num_generations=num_samples)
+    try:
+        batch = engine.run(tasks, num_generations=num_samples)
+    finally:
+        if env_pool is None:  # ours: stop its workers
+            engine.env_pool.close()
     result = summarize(batch)
     result["greedy"] = greedy
     if return_rollout:

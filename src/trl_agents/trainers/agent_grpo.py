@@ -754,6 +754,14 @@ class AgentGRPOTrainer(GRPOTrainer):
             loss = loss + auxiliary / normalizer
         return loss
 
+    def train(self, *args, **kwargs):
+        """`Trainer.train`, then the environments' workers (processes, Ray actors, threads) are stopped, even when
+        training fails; a later rollout (e.g. `evaluate()`) starts new ones."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.env_pool.close()
+
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
