@@ -158,30 +158,24 @@ def train_one_iteration(tiny_model, tokenizer, tmp_path):
     from datasets import Dataset
 
     from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+    from trl_agents.testing import tiny_training_config
 
     def run(env_name, tasks, env_kwargs=None, **overrides):
         rows = [{"env": env_name, **task} for task in tasks]
-        values = dict(
-            output_dir=str(tmp_path / f"out-{env_name}"),
-            env_name=env_name,
-            env_kwargs=env_kwargs or {},
-            max_steps=1,
-            per_device_train_batch_size=2 * len(rows),
-            gradient_accumulation_steps=1,
-            num_generations=2,
-            max_completion_length=8,
-            max_turns=2,
-            learning_rate=1e-2,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            gradient_checkpointing=False,
-            disable_tqdm=True,
-            seed=0,
-        )
-        values.update(overrides)
+        values = {
+            "env_name": env_name,
+            "env_kwargs": env_kwargs or {},
+            "max_steps": 1,
+            "per_device_train_batch_size": 2 * len(rows),
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "max_turns": 2,
+            **overrides,
+        }
         trainer = AgentGRPOTrainer(
-            model=tiny_model, args=AgentGRPOConfig(**values), train_dataset=Dataset.from_list(rows),
+            model=tiny_model,
+            args=tiny_training_config(AgentGRPOConfig, tmp_path / f"out-{env_name}", **values),
+            train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
         )
         trainer.train()

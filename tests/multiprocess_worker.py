@@ -29,6 +29,7 @@ from transformers import AutoTokenizer
 
 from trl_agents.envs import AgentEnv, VerifierAtom, register_env
 from trl_agents.rollout.generators import GenerationOutput, SamplingParams
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS, get_method
 
 GLOBAL_EPISODES = 8  # per generation batch, whatever the number of processes
@@ -137,29 +138,19 @@ def train(case: str, model_dir: str, output_dir: str) -> None:
     method = get_method(method_name)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     accumulation = overrides.get("gradient_accumulation_steps", 1)
-    values = dict(
-        output_dir=output_dir,
-        env_name=WalkEnv.name,
-        max_steps=2,
-        per_device_train_batch_size=GLOBAL_EPISODES // (world_size * accumulation),
-        gradient_accumulation_steps=1,
-        num_generations=NUM_GENERATIONS,
-        max_completion_length=8,
-        max_turns=3,
-        history_length=1,
+    values = {
+        "env_name": WalkEnv.name,
+        "per_device_train_batch_size": GLOBAL_EPISODES // (world_size * accumulation),
+        "num_generations": NUM_GENERATIONS,
+        "max_completion_length": 8,
+        "history_length": 1,
         # SGD, so that the parameter change is the gradient itself (Adam's first step is ±lr almost whatever the
         # gradient, which would hide a wrong normalisation).
-        optim="sgd",
-        learning_rate=0.5,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        seed=0,
-    )
-    config = method.config_class(**{**values, **method.defaults, **overrides})
+        "optim": "sgd",
+        "learning_rate": 0.5,
+        "lr_scheduler_type": "constant",
+    }
+    config = tiny_training_config(method.config_class, output_dir, **{**values, **method.defaults, **overrides})
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     trainer = method.trainer_class(
         model=model_dir,

@@ -25,6 +25,7 @@ from trl_agents.credit.sspo import (
     sspo_step_rewards,
 )
 from trl_agents.envs import AgentEnv, register_env
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS, Method, get_method
 from trl_agents.trainers import sspo as trainer_sspo
 from trl_agents.trainers.sspo import STATE_SCORES_NAME, SSPOConfig, SSPOTrainer
@@ -330,24 +331,7 @@ def test_configs_parse(name, registered):
 
 
 def make_config(tmp_path, **overrides):
-    values = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 2,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "max_completion_length": 4,
-        "max_turns": 3,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "disable_tqdm": True,
-        "seed": 0,
-    }
-    values.update(overrides)
-    return SSPOConfig(**values)
+    return tiny_training_config(SSPOConfig, tmp_path / "out", **overrides)
 
 
 METRICS = ["3spo/mean_step_reward", "3spo/mean_state_score", "3spo/low_score_fraction", "3spo/novel_fraction",

@@ -26,6 +26,7 @@ from trl_agents.credit.bipace import (
     unit_gram,
 )
 from trl_agents.envs import AgentEnv, get_env_class, register_env
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import bipace as trainer_bipace
 from trl_agents.trainers.bipace import BiPACEConfig, BiPACETrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -472,26 +473,11 @@ class StatelessKeyword(get_env_class("test-keyword")):  # the toy env of conftes
 
 
 def make_config(tmp_path, **overrides) -> BiPACEConfig:
-    values = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 2,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "max_completion_length": 4,
-        "max_turns": 3,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "disable_tqdm": True,
-        "seed": 0,
-        "hidden_layer": -1,  # the conftest model has one decoder layer
-        "cluster_epsilon": 0.05,
-    }
-    values.update(overrides)
-    return BiPACEConfig(**values)
+    return tiny_training_config(
+        BiPACEConfig, tmp_path / "out",
+        # the conftest model has one decoder layer
+        **{"hidden_layer": -1, "cluster_epsilon": 0.05, **overrides},
+    )
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from trl_agents.credit.cast import (
 )
 from trl_agents.envs import AgentEnv, register_env
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS, Method
 from trl_agents.trainers import cast as trainer_cast
 from trl_agents.trainers.cast import CASTConfig, CASTTrainer
@@ -423,24 +424,7 @@ class CountdownEnv(AgentEnv):
 
 
 def make_config(tmp_path, **overrides):
-    values = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 2,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "max_completion_length": 4,
-        "max_turns": 3,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "disable_tqdm": True,
-        "seed": 0,
-    }
-    values.update(overrides)
-    return CASTConfig(**values)
+    return tiny_training_config(CASTConfig, tmp_path / "out", **overrides)
 
 
 @pytest.mark.slow

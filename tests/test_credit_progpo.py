@@ -25,6 +25,7 @@ from trl_agents.credit.progpo import (
     transition_scale,
 )
 from trl_agents.envs import AgentEnv, register_env
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.progpo import ProGPOConfig, ProGPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -314,14 +315,7 @@ def test_config_validation(tmp_path):
 
 
 def make_config(tmp_path, **overrides):
-    values = {
-        "output_dir": str(tmp_path / "out"), "max_steps": 2, "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1, "num_generations": 4, "max_completion_length": 4, "max_turns": 3,
-        "learning_rate": 1e-2, "logging_steps": 1, "report_to": "none", "save_strategy": "no",
-        "gradient_checkpointing": False, "disable_tqdm": True, "seed": 0,
-    }
-    values.update(overrides)
-    return ProGPOConfig(**values)
+    return tiny_training_config(ProGPOConfig, tmp_path / "out", **overrides)
 
 
 def test_batch_transition_norm_uses_the_contrast_groups_of_the_batch(tiny_model, tokenizer, tmp_path):

@@ -29,6 +29,7 @@ from trl_agents.credit.vict import (
 )
 from trl_agents.envs import make_env
 from trl_agents.envs.base import VerifierAtom
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import vict as trainer_vict
 from trl_agents.trainers.vict import VICTConfig, VICTTrainer
 from trl_agents.trajectory import Group, RolloutBatch, Step, Trajectory
@@ -473,24 +474,10 @@ def test_webshop_lite_verify_output_credits_the_witness_steps():
 
 
 def make_config(tmp_path, **overrides):
-    values = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 2,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "max_completion_length": 16,
-        "max_turns": 3,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "disable_tqdm": True,
-        "seed": 0,
-    }
-    values.update(overrides)
-    return VICTConfig(**values)
+    return tiny_training_config(
+        VICTConfig, tmp_path / "out",
+        **{"per_device_train_batch_size": 4, "max_completion_length": 16, **overrides},
+    )
 
 
 def test_config_rejects_bad_values(tmp_path):

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer, GiGPOConfig, GiGPOTrainer
 from trl_agents.envs import get_env_class, register_env
+from trl_agents.testing import tiny_training_config
 
 pytestmark = pytest.mark.slow
 
@@ -18,24 +19,7 @@ TASKS = [{"env": "test-keyword", "seed": s} for s in range(8)]
 
 
 def make_config(config_class, tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,
-        num_generations=4,
-        max_completion_length=4,
-        max_turns=3,
-        learning_rate=1e-2,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return config_class(**values)
+    return tiny_training_config(config_class, tmp_path / "out", **overrides)
 
 
 def snapshot(model):

@@ -35,7 +35,7 @@ from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
 from trl_agents.loopback import LOAD_WEIGHTS_ROUTE, LoopbackVLLMServer, loopback_trl_vllm
 from trl_agents.rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from trl_agents.rollout.vllm import SUPPORTED_VLLM_VERSION, VLLMGenerator
-from trl_agents.testing import build_tiny_model
+from trl_agents.testing import build_tiny_model, tiny_training_config
 from trl_agents.trainers.agent_grpo import importance_sampling_ratio
 
 # ---- fixtures and helpers --------------------------------------------------------------------------------------------
@@ -403,24 +403,10 @@ class LossInputsTrainer(AgentGRPOTrainer):
 
 
 def agent_config(tmp_path, **overrides):
-    values = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 2,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 2,
-        "max_completion_length": 4,
-        "max_turns": 2,
-        "learning_rate": 1e-2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "disable_tqdm": True,
-        "seed": 0,
-    }
-    values.update(overrides)
-    return AgentGRPOConfig(**values)
+    return tiny_training_config(
+        AgentGRPOConfig, tmp_path / "out", **{"per_device_train_batch_size": 4, "num_generations": 2, "max_turns": 2,
+                                              **overrides}
+    )
 
 
 TASKS = [{"env": "test-keyword", "seed": seed} for seed in range(2)]

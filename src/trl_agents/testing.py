@@ -148,3 +148,34 @@ def env_corpus(env_name: str, num_tasks: int = 64, max_turns: int = 8, seed: int
             if done:
                 break
     return texts
+
+
+# A CPU-sized training run: a few steps, a high learning rate (so that a tiny model visibly changes), nothing saved or
+# reported. Tests and notebooks override what they exercise.
+TINY_TRAINING_SETTINGS = {
+    "max_steps": 2,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 4,
+    "max_completion_length": 4,
+    "max_turns": 3,
+    "learning_rate": 1e-2,
+    "logging_steps": 1,
+    "report_to": "none",
+    "save_strategy": "no",
+    "gradient_checkpointing": False,
+    "disable_tqdm": True,
+    "seed": 0,
+}
+
+
+def tiny_training_config(config_class, output_dir, **overrides):
+    """`config_class` (AgentGRPOConfig or a method's config) with `TINY_TRAINING_SETTINGS` and `overrides`.
+
+    Example:
+        >>> from trl_agents import AgentGRPOConfig
+        >>> config = tiny_training_config(AgentGRPOConfig, "/tmp/tiny-run", max_turns=2)
+        >>> config.max_steps, config.max_turns, config.num_generations
+        (2, 2, 4)
+    """
+    return config_class(output_dir=str(output_dir), **{**TINY_TRAINING_SETTINGS, **overrides})
