@@ -4,6 +4,7 @@
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
     trl-agents eval --model_name_or_path outputs/quickstart --num_eval_tasks 1000   # prompts as trained
     trl-agents eval --model_name_or_path outputs/quickstart --vllm_server_url http://localhost:8000   # vllm serve
+    trl-agents eval --model_name_or_path outputs/quickstart --modes greedy sampled --num_samples 8 --max_turns 20
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
 
@@ -76,14 +77,33 @@ class EvalArguments:
     env_kwargs: str | None = field(default=None, metadata={"help": "Environment constructor arguments (JSON)."})
     split: str = field(default="eval", metadata={"help": "Task split."})
     num_eval_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (None = the whole split)."})
-    max_turns: int | None = field(default=None, metadata={"help": "Turn budget (default: the checkpoint's, or 10)."})
+    max_turns: int | None = field(
+        default=None,
+        metadata={"help": "Turn budget of an episode (default: the checkpoint's training budget, or 10). A larger one "
+        "tests whether the policy uses extra turns: CANOPY trains at 50 turns and evaluates at 100."},
+    )
     history_length: int | None = field(default=None, metadata={"help": "History window (default: as trained, or 2)."})
     system_prompt: str | None = field(default=None, metadata={"help": "System message (default: as trained)."})
     max_new_tokens: int | None = field(default=None, metadata={"help": "Token budget of a turn (default: as trained)."})
     greedy: bool = field(default=True, metadata={"help": "Greedy decoding (False: sample at `temperature`)."})
+    modes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Decodings to evaluate, one result each: `--modes greedy sampled` runs both (greedy: one "
+        "episode per task; sampled: `num_samples` at `temperature`). Overrides `--greedy`."},
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
-    num_samples: int = field(default=1, metadata={"help": "Episodes per task when sampling (reports pass@k)."})
-    output_file: str | None = field(default=None, metadata={"help": "Write the results here as JSON."})
+    num_samples: int = field(
+        default=1, metadata={"help": "Episodes per task when sampling; k > 1 reports pass@1, 2, 4, ..., k."}
+    )
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Run directory that receives each result as eval/{name}.json (default: the model's "
+        "directory when it is local; a Hub model writes none unless this is set)."},
+    )
+    output_file: str | None = field(
+        default=None, metadata={"help": "Also write the results here as JSON (one mode: its result; several: a list)."}
+    )
+    progress: bool = field(default=True, metadata={"help": "Show a live progress bar of the episodes on stderr."})
     env_backend: str = field(
         default="thread", metadata={"help": "Where environments run: 'thread', 'process' or 'ray' (see training)."}
     )
@@ -100,21 +120,31 @@ class EvalArguments:
 
 
 EVAL_FALLBACKS = {"max_turns": 10, "history_length": 2, "max_completion_length": 32}
+EVAL_MODES = ("greedy", "sampled")
 
 
-def evaluate(argv: list[str]) -> dict[str, Any]:
+def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
+    """`trl-agents eval`: the checkpoint on its environment's split, in one or both decodings; returns (and prints)
+    the result of each, written to `eval/{name}.json` of the run directory (see `EvalArguments.output_dir`)."""
     import json
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-    from .evaluation import evaluate_policy
+    from .evaluation import evaluate_policy, to_eval_result, write_eval_result
     from .rollout import EnvPool
     from .rollout.env_pool import check_execution_settings
     from .trainers.agent_grpo import ENV_EXECUTION_FIELDS, as_dict, load_agent_config
 
     (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
     check_execution_settings(args.env_backend, args.env_workers, args.env_step_timeout, None, None, ENV_EXECUTION_FIELDS)
-    trained = {**EVAL_FALLBACKS, **load_agent_config(args.model_name_or_path)}
+    modes = args.modes or ["greedy" if args.greedy else "sampled"]
+    unknown = sorted(set(modes) - set(EVAL_MODES))
+    if unknown:
+        raise ValueError(f"--modes: unknown {', '.join(unknown)}; choose among {', '.join(EVAL_MODES)}")
+    if args.num_samples > 1 and "sampled" not in modes:
+        raise ValueError("--num_samples > 1 needs sampling: add --greedy false (or --modes sampled)")
+    agent_config = load_agent_config(args.model_name_or_path)
+    trained = {**EVAL_FALLBACKS, **agent_config}
 
     def setting(value, name):
         return trained.get(name) if value is None else value
@@ -123,6 +153,7 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
     if env_name is None:
         raise SystemExit("trl-agents eval: set --env_name (the checkpoint has no agent_config.json to read it from)")
     env_kwargs = as_dict(args.env_kwargs, "env_kwargs") if args.env_kwargs else trained.get("env_kwargs")
+    run_dir = args.output_dir or (args.model_name_or_path if os.path.isdir(args.model_name_or_path) else None)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
     if args.vllm_server_url:
         from .rollout.vllm import VLLMClientGenerator
@@ -137,32 +168,43 @@ def evaluate(argv: list[str]) -> dict[str, Any]:
         num_workers=args.env_workers,
         step_timeout=args.env_step_timeout,
     )
-    result = evaluate_policy(
-        model,
-        tokenizer,
-        env_name,
-        split=args.split,
-        num_tasks=args.num_eval_tasks,
-        env_kwargs=env_kwargs,
-        max_turns=setting(args.max_turns, "max_turns"),
-        history_length=setting(args.history_length, "history_length"),
-        row_format=trained.get("row_format", "step"),
-        system_prompt=setting(args.system_prompt, "system_prompt"),
-        max_new_tokens=setting(args.max_new_tokens, "max_completion_length"),
-        max_prompt_length=trained.get("max_prompt_length"),
-        chat_template_kwargs=trained.get("chat_template_kwargs"),
-        greedy=args.greedy,
-        temperature=args.temperature,
-        num_samples=args.num_samples,
-        generator=generator,
-        env_pool=env_pool,
-    )
-    env_pool.close()
-    print(json.dumps(result, indent=2))
+    results = []
+    try:
+        for mode in modes:
+            result = evaluate_policy(
+                model,
+                tokenizer,
+                env_name,
+                split=args.split,
+                num_tasks=args.num_eval_tasks,
+                env_kwargs=env_kwargs,
+                max_turns=setting(args.max_turns, "max_turns"),
+                train_max_turns=agent_config.get("max_turns"),
+                history_length=setting(args.history_length, "history_length"),
+                row_format=trained.get("row_format", "step"),
+                system_prompt=setting(args.system_prompt, "system_prompt"),
+                max_new_tokens=setting(args.max_new_tokens, "max_completion_length"),
+                max_prompt_length=trained.get("max_prompt_length"),
+                chat_template_kwargs=trained.get("chat_template_kwargs"),
+                greedy=mode == "greedy",
+                temperature=args.temperature,
+                num_samples=1 if mode == "greedy" else args.num_samples,
+                generator=generator,
+                env_pool=env_pool,
+                show_progress=args.progress,
+            )
+            results.append(result)
+            if run_dir is not None:
+                path = write_eval_result(run_dir, to_eval_result(result, model=args.model_name_or_path))
+                print(f"[trl-agents] {mode} evaluation written to {path}", file=sys.stderr)
+    finally:
+        env_pool.close()
+    output = results[0] if len(results) == 1 else results
+    print(json.dumps(output, indent=2))
     if args.output_file:
         with open(args.output_file, "w") as handle:
-            json.dump(result, handle, indent=2)
-    return result
+            json.dump(output, handle, indent=2)
+    return output
 
 
 def list_envs(argv: list[str] | None = None) -> None:

@@ -7,7 +7,8 @@
 3. evaluate on the held-out split;
 4. train with the method's trainer (optionally within a wall-clock budget);
 5. evaluate again and write, under `output_dir`: the final checkpoint, `trajectories/*.parquet`, `metrics.json`,
-   `eval_results.json` and `learning_curve.png`.
+   `eval_results.json` (both evaluations), `eval/{name}.json` (the one after RL, see `write_eval_result`) and
+   `learning_curve.png`.
 
 Under `accelerate launch` (several processes) every process runs this function: the main process alone builds the
 tiny model, saves the warm-started model and writes the outputs (the others wait for it, then load what it saved),
@@ -37,7 +38,7 @@ from typing import Any
 
 from .callbacks import TimeBudgetCallback
 from .envs import get_env_class
-from .evaluation import evaluate_policy
+from .evaluation import evaluate_policy, to_eval_result, write_eval_result
 from .trainers import get_method
 from .trainers.agent_grpo import as_dict
 
@@ -64,7 +65,9 @@ class RunArguments:
     eval_split: str = field(default="eval", metadata={"help": "Held-out split evaluated before and after RL."})
     num_eval_tasks: int | None = field(default=200, metadata={"help": "Number of held-out tasks (None = all)."})
     eval_max_turns: int | None = field(
-        default=None, metadata={"help": "Turn budget at evaluation (None = the training `max_turns`)."}
+        default=None,
+        metadata={"help": "Turn budget at evaluation (None = the training `max_turns`). CANOPY evaluates at twice "
+        "its training budget (100 turns for 50)."},
     )
     warm_start_steps: int = field(
         default=0, metadata={"help": "Maximum SFT steps on solver demonstrations before RL (0 = no warm start)."}
@@ -150,6 +153,7 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
               f"({results['rl_steps']} RL steps, {results['total_seconds']:.0f} s in total)")
         _write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
         _write_json(os.path.join(config.output_dir, "eval_results.json"), results)
+        write_eval_result(config.output_dir, to_eval_result(results["eval_after_rl"], model=config.output_dir))
         plot_learning_curve(metrics, results, os.path.join(config.output_dir, "learning_curve.png"))
     return results
 
@@ -249,14 +253,17 @@ def _evaluator(run: RunArguments, config, tokenizer, tasks):
             tokenizer,
             config.env_name,
             tasks=tasks,
+            split=run.eval_split,
             env_kwargs=config.env_kwargs,
             max_turns=run.eval_max_turns or config.max_turns,
+            train_max_turns=config.max_turns,
             history_length=config.history_length,
             row_format=config.row_format,
             system_prompt=config.system_prompt,
             max_new_tokens=config.max_completion_length,
             max_prompt_length=config.max_prompt_length,
             chat_template_kwargs=config.chat_template_kwargs,
+            show_progress=config.process_index == 0 and not config.disable_tqdm,
         )
 
     return evaluate
