@@ -71,6 +71,8 @@ class Trajectory:
         error: Set when the episode failed for infrastructure reasons (the env crashed or hung). Such episodes are
             kept in the records but excluded from group statistics and from training.
         episode_id: Index of this episode within its group (0..G-1).
+        task_text: The goal as the environment states it in every prompt (`env.task_description()`; often empty
+            when the first observation says it all). Kept for display (completions tables), not serialised.
     """
 
     task: dict[str, Any]
@@ -78,6 +80,7 @@ class Trajectory:
     success: bool = False
     error: str | None = None
     episode_id: int = 0
+    task_text: str = ""
 
     @property
     def episode_return(self) -> float:

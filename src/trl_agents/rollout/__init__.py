@@ -1,8 +1,9 @@
 """Rollouts: the turn loop, prompt rendering and generators."""
 
-from .engine import ROW_FORMATS, RolloutEngine
+from .engine import ROW_FORMATS, RolloutEngine, TurnProgress
 from .env_pool import EnvCallError, EnvPool, EnvTimeoutError
 from .generators import GenerationOutput, Generator, SamplingParams, TransformersGenerator
+from .progress import RolloutProgress
 from .prompts import PromptRenderer, PromptTooLongError
 from .vllm import VLLMGenerator
 
@@ -16,7 +17,9 @@ __all__ = [
     "PromptRenderer",
     "PromptTooLongError",
     "RolloutEngine",
+    "RolloutProgress",
     "SamplingParams",
     "TransformersGenerator",
+    "TurnProgress",
     "VLLMGenerator",
 ]

@@ -44,6 +44,27 @@ ROW_FORMATS = ("step", "conversation")
 RECORDABLE_SIGNALS = ("solver_value", "verify")
 
 
+@dataclass(frozen=True)
+class TurnProgress:
+    """Where a rollout stands, as the engine's `on_turn` callback receives it.
+
+    Args:
+        turn: Turns played so far (0 right after the resets).
+        max_turns: The turn budget.
+        num_episodes: Episodes of the rollout (tasks × episodes per task) on this process.
+        finished: Episodes that ended: done, out of turns, or failed.
+        successes: Finished episodes that solved their task.
+        failed: Finished episodes that failed for infrastructure reasons (`Trajectory.error`).
+    """
+
+    turn: int
+    max_turns: int
+    num_episodes: int
+    finished: int
+    successes: int
+    failed: int
+
+
 @dataclass
 class _Episode:
     env: AgentEnv
@@ -76,7 +97,8 @@ class RolloutEngine:
             `"solver_value"` puts the cost-to-go before and after every action in `step.info["solver_value"]` and
             `step.info["solver_value_next"]` (CAST; one solver call per step), `"verify"` puts the atoms of
             `env.verify()` at the episode's end in the last step's `info["verifier_atoms"]` (VICT).
-        on_turn: Called after every turn with (turn index, number of active episodes); used for progress display.
+        on_turn: Called with a `TurnProgress` once the environments are reset and after every turn (e.g.
+            `RolloutProgress.update`, a live progress display).
     """
 
     def __init__(
@@ -90,7 +112,7 @@ class RolloutEngine:
         system_prompt: str | None = None,
         record_snapshots: bool = False,
         record_signals: Sequence[str] = (),
-        on_turn: Callable[[int, int], None] | None = None,
+        on_turn: Callable[[TurnProgress], None] | None = None,
     ):
         if row_format not in ROW_FORMATS:
             raise ValueError(f"row_format must be one of {ROW_FORMATS}, got {row_format!r}")
@@ -127,17 +149,32 @@ class RolloutEngine:
             for index, group in enumerate(groups):
                 start = index * num_generations
                 self._check_identical_starts(group.task, episodes[start : start + num_generations])
+            self._report(0, episodes)
             for turn in range(self.max_turns):
                 active = [episode for episode in episodes if not episode.finished]
                 if not self._any_active(active):
                     break
                 self._turn(active)
-                if self.on_turn is not None:
-                    self.on_turn(turn, len(active))
+                self._report(turn + 1, episodes)
         finally:
             for episode in episodes:
                 self.env_pool.release(episode.env)
         return RolloutBatch(groups=groups)
+
+    def _report(self, turns_played: int, episodes: list[_Episode]) -> None:
+        if self.on_turn is None:
+            return
+        finished = [episode.trajectory for episode in episodes if episode.finished]
+        self.on_turn(
+            TurnProgress(
+                turn=turns_played,
+                max_turns=self.max_turns,
+                num_episodes=len(episodes),
+                finished=len(finished),
+                successes=sum(t.success for t in finished),
+                failed=sum(t.failed for t in finished),
+            )
+        )
 
     @property
     def _collective(self) -> bool:
@@ -163,7 +200,7 @@ class RolloutEngine:
                 continue
             episode.observation = start.observation
             episode.system = start.instructions if self.system_prompt is None else self.system_prompt
-            episode.task_text = start.task_text
+            episode.task_text = episode.trajectory.task_text = start.task_text
             episode.solver_value = start.solver_value
             if self.row_format == "conversation":
                 try:

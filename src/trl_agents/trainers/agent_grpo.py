@@ -40,6 +40,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import torch
+from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
@@ -49,13 +50,13 @@ from trl.trainer.utils import nanmax, nanmin, pad, shuffle_sequence_dict
 from ..credit import get_estimator
 from ..credit.base import check_choice
 from ..envs import get_env_class
-from ..rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
+from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
 from ..rollout.rows import TrainingRows, build_rows, split_rows
 from ..rollout.vllm import VLLMGenerator
-from ..trajectory import Group, RolloutBatch
+from ..trajectory import Group, RolloutBatch, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -472,6 +473,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         )
         self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
+        # Live episodes / turn / success display of each rollout, on the main process, unless progress bars are off.
+        show_progress = self.accelerator.is_main_process and not args.disable_tqdm
+        self.rollout_progress = RolloutProgress("rollout") if show_progress else None
 
     @classmethod
     def _check_env_capabilities(cls, dataset, args: AgentGRPOConfig) -> None:
@@ -578,6 +582,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             env_pool=self.env_pool,
             system_prompt=self.args.system_prompt,
             record_signals=self.record_signals,
+            on_turn=self.rollout_progress.update if self.rollout_progress else None,
         )
 
     def _sync_generator_weights(self) -> None:
@@ -602,7 +607,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         tasks = _tasks_of(inputs, num_generations)
 
         self._sync_generator_weights()
-        batch = self._engine().run(tasks, num_generations)
+        with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
+            batch = self._engine().run(tasks, num_generations)
         self.last_rollout = batch
         healthy = [group.healthy() for group in batch.groups]
         advantages = self.compute_advantages(healthy)
@@ -821,13 +827,26 @@ class AgentGRPOTrainer(GRPOTrainer):
             tokens = self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum").item()
             self.state.num_input_tokens_seen += tokens
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
-        for group_index, group in enumerate(batch.groups):  # one completions-table entry per episode
+        if self.log_completions:
+            self._log_episodes(batch, step_advantages)
+
+    def _log_episodes(self, batch: RolloutBatch, step_advantages: dict) -> None:
+        """One entry of TRL's completions table per episode, from every process: prompt = the task and first
+        observation, completion = the transcript of the whole episode, reward = its return, advantage = the mean of
+        its step advantages (0 for failed episodes, which are not trained on), plus `success` and `turns` columns."""
+        entries = []
+        for group_index, group in enumerate(batch.groups):
             for trajectory in group.trajectories:
                 values = step_advantages.get((group_index, trajectory.episode_id)) or [0.0]
-                self._logs["prompt"].append(trajectory.steps[0].observation if trajectory.steps else "")
-                self._logs["completion"].append(" | ".join(s.action_text for s in trajectory.steps))
-                self._logs["rewards"]["environment_return"].append(trajectory.episode_return)
-                self._logs["advantages"].append(sum(values) / len(values))
+                entries.append((episode_prompt(trajectory), episode_transcript(trajectory), trajectory.episode_return,
+                                sum(values) / len(values), trajectory.success, trajectory.num_steps))
+        for prompt, completion, episode_return, advantage, success, turns in gather_object(entries):
+            self._logs["prompt"].append(prompt)
+            self._logs["completion"].append(completion)
+            self._logs["rewards"]["environment_return"].append(episode_return)
+            self._logs["advantages"].append(advantage)
+            self._logs["extra"]["success"].append(success)
+            self._logs["extra"]["turns"].append(turns)
 
     def _save_trajectories(self, batch: RolloutBatch, step_advantages: dict) -> None:
         """Append this rollout to output_dir/trajectories as one parquet file, one row per step with its advantage
@@ -845,6 +864,60 @@ class AgentGRPOTrainer(GRPOTrainer):
         temporary = os.path.join(directory, f".{name}.tmp")
         pq.write_table(dataset.data.table, temporary)  # (datasets' to_parquet draws a progress bar per file)
         os.replace(temporary, os.path.join(directory, name))
+
+
+# How much of an episode a completions-table entry shows (our choice: enough to follow a puzzle, short enough for a
+# console table): texts longer than TRANSCRIPT_TEXT_CHARS are cut, and of longer episodes the first and last
+# TRANSCRIPT_TURNS // 2 turns are shown.
+TRANSCRIPT_TEXT_CHARS = 300
+TRANSCRIPT_TURNS = 12
+
+
+def episode_prompt(trajectory: Trajectory) -> str:
+    """What the policy was asked: the task text and the first observation."""
+    first = trajectory.steps[0].observation if trajectory.steps else ""
+    return "\n".join(_shorten(text) for text in (trajectory.task_text, first) if text)
+
+
+def episode_transcript(trajectory: Trajectory) -> str:
+    """The episode after its first observation, turn by turn: each action (with its reward when not 0, and whether
+    the environment rejected it), the observation it led to, and how the episode ended.
+
+    Example:
+        >>> from trl_agents.trajectory import Step, Trajectory
+        >>> steps = [Step("P F G", "right"), Step("F P G", "right", reward=1.0, done=True)]
+        >>> print(episode_transcript(Trajectory(task={}, steps=steps, success=True)))
+        Action 1: right
+        Observation 2: F P G
+        Action 2: right [reward 1]
+        => solved in 2 turns
+    """
+    steps = trajectory.steps
+    turns = []
+    for index, step in enumerate(steps):
+        marks = ([] if step.valid else ["invalid"]) + ([f"reward {step.reward:g}"] if step.reward else [])
+        action = f"Action {index + 1}: {_shorten(step.action_text.strip())}"
+        lines = [action + (f" [{', '.join(marks)}]" if marks else "")]
+        if index + 1 < len(steps):
+            observation = _shorten(steps[index + 1].observation)
+            lines.append(f"Observation {index + 2}:" + ("\n" if "\n" in observation else " ") + observation)
+        turns.append("\n".join(lines))
+    if len(turns) > TRANSCRIPT_TURNS:
+        half = TRANSCRIPT_TURNS // 2
+        turns = [*turns[:half], f"... ({len(turns) - 2 * half} turns not shown) ...", *turns[-half:]]
+    if trajectory.failed:
+        ending = f"=> failed: {_shorten(trajectory.error)}"
+    elif trajectory.success:
+        ending = f"=> solved in {len(steps)} turns"
+    elif steps and steps[-1].done:
+        ending = f"=> ended unsolved after {len(steps)} turns"
+    else:
+        ending = f"=> unsolved when the episode stopped after {len(steps)} turns"
+    return "\n".join([*turns, ending])
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= TRANSCRIPT_TEXT_CHARS else text[: TRANSCRIPT_TEXT_CHARS - 1] + "…"
 
 
 def _step_advantages(healthy: list[Group], advantages) -> dict[tuple[int, int], list[float]]:
