@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from trl_agents.cli import main, packaged_config
+from trl_agents.evaluation import read_eval_results
 
 TINY_RUN = {
     "method": "gigpo",
@@ -54,6 +55,11 @@ def test_train_writes_checkpoint_trajectories_metrics_eval_and_plot(tmp_path, ca
     results = json.loads((out / "eval_results.json").read_text())
     assert results["method"] == "gigpo" and results["rl_steps"] == 2
     assert set(results["eval_before_rl"]) >= {"success_rate", "episode_length", "valid_action_rate"}
+    # The after-RL evaluation is also one eval result of the run (the format `trl-agents push` publishes).
+    [record] = read_eval_results(out)
+    assert record["name"] == "frozenlake-eval-greedy" and record["model"] == str(out)
+    assert record["max_turns"] == record["train_max_turns"] == 4 and record["num_tasks"] == 8
+    assert record["metrics"]["success_rate"] == results["eval_after_rl"]["success_rate"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["warm_start"]["examples"] == 24 * 6 and len(metrics["warm_start"]["validation_success"]) == 2
     printed = capsys.readouterr().out

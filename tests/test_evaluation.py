@@ -33,7 +33,7 @@ def keyword_tasks(count, length):
     return [{"env": "test-keyword", "seed": seed, "length": length} for seed in range(count)]
 
 
-# ---- pass@k -----------------------------------------------------------------------------------------------------------
+# ---- pass@k ----------------------------------------------------------------------------------------------------------
 
 
 def test_pass_at_k_hand_computed():
@@ -69,7 +69,7 @@ def test_greedy_evaluation_has_no_pass_at_k(tokenizer, scripted):
     assert summarize(result["rollout"])["success_rate"] == 1.0
 
 
-# ---- test-time turn budget --------------------------------------------------------------------------------------------
+# ---- test-time turn budget -------------------------------------------------------------------------------------------
 
 
 def test_a_turn_budget_larger_than_training_shows_up_in_the_result(tokenizer, scripted):
@@ -96,7 +96,7 @@ def test_eval_result_names():
     assert eval_result_name("sokoban", "eval", True, 30, None) == "sokoban-eval-greedy"  # training budget unknown
 
 
-# ---- result files -----------------------------------------------------------------------------------------------------
+# ---- result files ----------------------------------------------------------------------------------------------------
 
 
 def sampled_result():
@@ -151,7 +151,7 @@ def test_writing_a_flat_or_misnamed_result_is_refused(tmp_path):
     assert not (tmp_path / "eval").exists() or os.listdir(tmp_path / "eval") == []
 
 
-# ---- the `evaluate` metric --------------------------------------------------------------------------------------------
+# ---- the `evaluate` metric -------------------------------------------------------------------------------------------
 
 
 def test_evaluate_metric_loads_offline_and_matches_summarize(tokenizer, scripted):
@@ -175,7 +175,7 @@ def test_evaluate_metric_loads_offline_and_matches_summarize(tokenizer, scripted
         metric_path("accuracy")
 
 
-# ---- trl-agents eval --------------------------------------------------------------------------------------------------
+# ---- trl-agents eval -------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -183,7 +183,7 @@ def checkpoint(tiny_model_dir, tmp_path):
     """A run directory as training leaves it: the tiny model, agent_config.json (trained at 2 turns) and
     run_info.json."""
     run_dir = tmp_path / "run"
-    shutil.copytree(tiny_model_dir, run_dir)
+    shutil.copytree(tiny_model_dir, run_dir, ignore=shutil.ignore_patterns("eval"))  # (other tests evaluate it)
     agent = {"env_name": "test-keyword", "env_kwargs": {}, "max_turns": 2, "history_length": 1, "row_format": "step",
              "system_prompt": None, "max_prompt_length": None, "max_completion_length": 3,
              "chat_template_kwargs": None}
