@@ -91,7 +91,9 @@ class EvalArguments:
         metadata={"help": "Decodings to evaluate, one result each: `--modes greedy sampled` runs both (greedy: one "
         "episode per task; sampled: `num_samples` at `temperature`). Overrides `--greedy`."},
     )
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature when not greedy."})
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature when not greedy (CANOPY evaluates at 0.6)."}
+    )
     num_samples: int = field(
         default=1, metadata={"help": "Episodes per task when sampling; k > 1 reports pass@1, 2, 4, ..., k."}
     )
