@@ -79,7 +79,7 @@ def _rollout_files(case_dir: Path) -> dict[tuple[int, int], list[dict]]:
     from datasets import Dataset
 
     files = {}
-    for path in sorted((case_dir / "trajectories").glob("rollout-*.parquet")):
+    for path in sorted((case_dir / "trajectories").glob("shard-*.parquet")):
         _, index, rank = path.stem.split("-")
         files[(int(index), int(rank.removeprefix("rank")))] = list(Dataset.from_parquet(str(path)))
     return files
@@ -178,7 +178,7 @@ def test_trl_agents_train_under_accelerate_launch(tmp_path):
         "--max_steps", "1", "--per_device_train_batch_size", "8", "--disable_tqdm", "true",
     ))
     assert sorted(p.name for p in (output_dir / "trajectories").iterdir()) == [
-        "rollout-00000-rank0.parquet", "rollout-00000-rank1.parquet"
+        "shard-000000-rank00.parquet", "shard-000000-rank01.parquet"
     ]
     results = json.loads((output_dir / "eval_results.json").read_text())
     assert results["rl_steps"] == 1 and results["eval_after_rl"]["num_tasks"] == 4

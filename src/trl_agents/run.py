@@ -3,7 +3,8 @@
 `run_training` is the whole pipeline for one (method, environment) config:
 
 1. load the model (a Hub id or local path), or build the tiny offline model (`tiny_model: true`);
-2. optionally warm-start it with SFT on solver demonstrations (stopping at a validation success target);
+2. optionally warm-start it with SFT on solver demonstrations, or on the recorded steps of a trajectory dataset
+   (`warm_start_dataset`: an earlier run's directory or a Hub dataset; stopping at a validation success target);
 3. evaluate on the held-out split;
 4. train with the method's trainer (optionally within a wall-clock budget);
 5. evaluate again and write, under `output_dir`: the final checkpoint, `trajectories/*.parquet`, `metrics.json`,
@@ -70,7 +71,20 @@ class RunArguments:
         "its training budget (100 turns for 50)."},
     )
     warm_start_steps: int = field(
-        default=0, metadata={"help": "Maximum SFT steps on solver demonstrations before RL (0 = no warm start)."}
+        default=0,
+        metadata={"help": "Maximum SFT steps before RL, on solver demonstrations or `warm_start_dataset` (0 = no warm "
+        "start)."},
+    )
+    warm_start_dataset: str | None = field(
+        default=None,
+        metadata={"help": "Warm-start on the recorded steps of a trajectory dataset instead of solver demonstrations: "
+        "a run directory, its trajectories/ folder, a parquet shard or a Hub dataset id (`load_trajectories`). Its "
+        "prompts and actions are replayed token for token (`sft_examples`), so the model must use the tokenizer of "
+        "the policy that recorded them."},
+    )
+    warm_start_successful_only: bool = field(
+        default=True,
+        metadata={"help": "With `warm_start_dataset`: replay only the episodes that solved their task."},
     )
     warm_start_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the warm start."})
     warm_start_batch_size: int = field(default=64, metadata={"help": "Batch size of the warm start."})
@@ -104,6 +118,11 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
         raise TypeError(f"method {run.method!r} needs a {method.config_class.__name__}, got {type(config).__name__}")
     if config.env_name is None:
         raise ValueError("Set `env_name` (the environment to train on), e.g. --env_name sokoban")
+    if run.warm_start_dataset and run.warm_start_steps <= 0:
+        raise ValueError(
+            f"warm_start_dataset={run.warm_start_dataset!r} is set but warm_start_steps={run.warm_start_steps}: set "
+            "--warm_start_steps to the number of SFT steps to run on it."
+        )
     env_cls = get_env_class(config.env_name)
     os.makedirs(config.output_dir, exist_ok=True)
     set_seed(config.seed)
@@ -213,17 +232,22 @@ def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
             "warm_start_target_success needs validation tasks: num_train_tasks must exceed warm_start_tasks "
             f"(got {len(train_tasks)} tasks, {run.warm_start_tasks} used as demonstrations)."
         )
-    examples = solver_demonstrations(
-        config.env_name,
-        demo_tasks,
-        env_kwargs=config.env_kwargs,
-        history_length=config.history_length,
-        system_prompt=config.system_prompt,
-    )
+    if run.warm_start_dataset:
+        examples = _replayed_examples(run, config, tokenizer)
+        source = f"steps replayed from {run.warm_start_dataset}"
+    else:
+        examples = solver_demonstrations(
+            config.env_name,
+            demo_tasks,
+            env_kwargs=config.env_kwargs,
+            history_length=config.history_length,
+            system_prompt=config.system_prompt,
+        )
+        source = "solver demonstrations"
     validate = _evaluator(run, config, tokenizer, val_tasks)
     stopper = SuccessStopper(lambda: validate(model)["success_rate"], run.warm_start_eval_every,
                              run.warm_start_target_success, run.warm_start_min_steps)
-    warm_start(
+    trainer = warm_start(
         model,
         tokenizer,
         examples,
@@ -236,14 +260,40 @@ def _warm_start(run: RunArguments, config, model, tokenizer, train_tasks):
     )
     if stopper.history and config.process_index == 0:
         step, success = stopper.history[-1]
-        print(f"[trl-agents] warm start: {len(examples)} solver demonstrations, stopped at step {step} with "
+        print(f"[trl-agents] warm start: {len(examples)} {source}, stopped at step {step} with "
               f"validation success {success:.3f} (target {run.warm_start_target_success})")
     path = os.path.join(config.output_dir, "warm-start")
     with config.main_process_first(local=False, desc="save the warm-started model"):  # the trainers load it then
         if config.process_index == 0:
             model.save_pretrained(path)
             tokenizer.save_pretrained(path)
-    return path, {"examples": len(examples), "validation_success": stopper.history}
+    losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
+    return path, {"examples": len(examples), "source": source, "loss": losses, "validation_success": stopper.history}
+
+
+def _replayed_examples(run: RunArguments, config, tokenizer):
+    """SFT examples replayed token for token from `run.warm_start_dataset`, checked against the model's tokenizer."""
+    from .records import load_trajectories, sft_examples
+
+    examples = sft_examples(
+        load_trajectories(run.warm_start_dataset),
+        only_successful=run.warm_start_successful_only,
+        row_format=config.row_format,
+    )
+    if len(examples) == 0:
+        hint = " in successful episodes (replay every episode with --warm_start_successful_only false)"
+        raise ValueError(
+            f"warm_start_dataset={run.warm_start_dataset!r} has no valid steps to replay"
+            f"{hint if run.warm_start_successful_only else ''}."
+        )
+    largest = max(max(ids) for ids in examples["input_ids"])
+    if largest >= len(tokenizer):
+        raise ValueError(
+            f"warm_start_dataset={run.warm_start_dataset!r} holds token id {largest}, beyond the vocabulary of the "
+            f"model's tokenizer ({len(tokenizer)} tokens): it was recorded by a policy with another tokenizer, and "
+            "its steps are replayed token for token. Warm-start a model that shares that tokenizer."
+        )
+    return examples
 
 
 def _evaluator(run: RunArguments, config, tokenizer, tasks):

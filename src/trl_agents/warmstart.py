@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback
 
 from .envs import get_env_class, make_env
 from .rollout.prompts import PromptRenderer
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def solver_demonstrations(
     if "optimal_plan" not in env_cls.capabilities():
         raise ValueError(
             f"Environment {env!r} has no solver (`optimal_plan`), so there are no demonstrations to warm-start on. "
-            "Set warm_start_steps=0, or warm-start from a trajectory dataset instead."
+            "Set warm_start_steps=0, or warm-start from a trajectory dataset instead (warm_start_dataset)."
         )
     instance = make_env(env, **(env_kwargs or {}))
     rows = []
@@ -111,7 +114,7 @@ class SuccessStopper(TrainerCallback):
 def warm_start(
     model: Any,
     tokenizer: Any,
-    examples: list[dict[str, Any]],
+    examples: list[dict[str, Any]] | Dataset,
     *,
     output_dir: str,
     max_steps: int,
@@ -121,7 +124,11 @@ def warm_start(
     callbacks: list[TrainerCallback] | None = None,
     report_to: str | list[str] = "none",
 ):
-    """Fine-tune `model` on `examples` (prompt-completion chats) with TRL's SFTTrainer; returns the trainer."""
+    """Fine-tune `model` on `examples` with TRL's SFTTrainer; returns the trainer.
+
+    `examples` are rows in a format SFTTrainer takes, as a list or a `datasets.Dataset`: prompt-completion chats
+    (`solver_demonstrations`) or pre-tokenized rows (`trl_agents.records.sft_examples`, replayed trajectories).
+    """
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -148,7 +155,7 @@ def warm_start(
     trainer = SFTTrainer(
         model=model,
         args=config,
-        train_dataset=Dataset.from_list(examples),
+        train_dataset=examples if isinstance(examples, Dataset) else Dataset.from_list(examples),
         processing_class=tokenizer,
         callbacks=callbacks,
     )

@@ -1,6 +1,6 @@
 """Environments: the `AgentEnv` contract, the registry, and the built-in environments (one file each)."""
 
-from .base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
+from .base import INFO_ROLE, INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv, VerifierAtom
 from .cache import cache_dir
 from .registry import get_env_class, list_envs, make_env, register_env
 from .replay import ReplaySnapshot, replay_snapshots
@@ -13,6 +13,7 @@ from . import (  # noqa: F401  isort: skip
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [
+    "INFO_ROLE",
     "INFO_ROLE_REWARDS",
     "INFO_SUCCESS",
     "INFO_VALID",

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 INFO_VALID = "valid"  # bool: the action was parsed and applied (default True)
 INFO_SUCCESS = "success"  # bool: the task is solved (read at the last step of an episode)
 INFO_ROLE_REWARDS = "role_rewards"  # dict role -> reward, at the end of an episode of a two-agent environment
+INFO_ROLE = "role"  # str: the role that took this step, in environments with `roles` (saved in trajectory records)
 
 
 @dataclass
@@ -112,8 +113,9 @@ class AgentEnv(abc.ABC):
     def current_role(self) -> str:
         """The role that takes the next `step()` in environments with `roles` (empty string otherwise).
 
-        Two-agent environments return each observation from the point of view of the role that acts next, and put
-        every role's reward in `info["role_rewards"]` (a dict role -> float) when the episode ends.
+        Two-agent environments return each observation from the point of view of the role that acts next, name the
+        acting role in every step's `info["role"]`, and put every role's reward in `info["role_rewards"]` (a dict
+        role -> float) when the episode ends.
         """
         return self.roles[0] if self.roles else ""
 

@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
@@ -50,6 +49,7 @@ from trl.trainer.utils import nanmax, nanmin, pad, shuffle_sequence_dict
 from ..credit import get_estimator
 from ..credit.base import check_choice
 from ..envs import get_env_class
+from ..records import TRAJECTORIES_DIR, TrajectoryWriter, build_run_info, write_run_info
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
@@ -97,7 +97,7 @@ class AgentGRPOConfig(GRPOConfig):
         advantage_estimator (`str`, *optional*, defaults to `"grpo"`): `"grpo"` or `"rloo"`.
         credit_statistic (`str`, *optional*, defaults to `"trajectories"`): Population of GRPO's group statistics.
         save_trajectories (`bool`, *optional*, defaults to `True`): Write every rollout to
-            `output_dir/trajectories/*.parquet`.
+            `output_dir/trajectories/shard-*.parquet` (schema: `trl_agents.records`).
         generation_backend (`str`, *optional*, defaults to `"auto"`): How the built-in transformers generator
             decodes: `"auto"`, `"generate"`, `"static"` or `"paged"` (see `TransformersGenerator`).
         env_backend (`str`, *optional*, defaults to `"thread"`): Where environments run: `"thread"`, `"process"` or
@@ -157,7 +157,8 @@ class AgentGRPOConfig(GRPOConfig):
     save_trajectories: bool = field(
         default=True,
         metadata={"help": "Write every rollout (one row per step, with its advantage) to "
-        "output_dir/trajectories/*.parquet."},
+        "output_dir/trajectories/shard-{rollout}-rank{rank}.parquet, one crash-safe shard per rollout and process "
+        "(schema and loading: trl_agents.records)."},
     )
     generation_backend: str = field(
         default="auto",
@@ -471,11 +472,12 @@ class AgentGRPOTrainer(GRPOTrainer):
             num_workers=args.env_workers, step_timeout=args.env_step_timeout, reset_timeout=args.env_reset_timeout,
             ray_address=args.ray_address,
         )
-        self._rollout_index = 0
         self.last_rollout: RolloutBatch | None = None
         # Live episodes / turn / success display of each rollout, on the main process, unless progress bars are off.
         show_progress = self.accelerator.is_main_process and not args.disable_tqdm
         self.rollout_progress = RolloutProgress("rollout") if show_progress else None
+        self.run_info: dict[str, Any] | None = None  # run_info.json of the current train() (see trl_agents.records)
+        self._trajectory_writer: TrajectoryWriter | None = None
 
     @classmethod
     def _check_env_capabilities(cls, dataset, args: AgentGRPOConfig) -> None:
@@ -626,7 +628,6 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._log_rollout(batch, healthy, step_advantages, rows, mode)
         if self.args.save_trajectories and mode == "train":
             self._save_trajectories(batch, step_advantages)
-        self._rollout_index += 1
         return output
 
     def _pad_rows(self, rows: TrainingRows, device) -> dict[str, Any]:
@@ -761,8 +762,13 @@ class AgentGRPOTrainer(GRPOTrainer):
         return loss
 
     def train(self, *args, **kwargs):
-        """`Trainer.train`, then the environments' workers (processes, Ray actors, threads) are stopped, even when
-        training fails; a later rollout (e.g. `evaluate()`) starts new ones."""
+        """`Trainer.train`, after writing `output_dir/run_info.json` (the main process writes it, every process gets
+        its content for the trajectory records); then the environments' workers (processes, Ray actors, threads) are
+        stopped, even when training fails; a later rollout (e.g. `evaluate()`) starts new ones."""
+        from accelerate.utils import broadcast_object_list
+
+        self.run_info = broadcast_object_list([write_run_info(self) if self.is_world_process_zero() else None])[0]
+        self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
         try:
             return super().train(*args, **kwargs)
         finally:
@@ -849,21 +855,16 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._logs["extra"]["turns"].append(turns)
 
     def _save_trajectories(self, batch: RolloutBatch, step_advantages: dict) -> None:
-        """Append this rollout to output_dir/trajectories as one parquet file, one row per step with its advantage
-        (None for failed episodes). Written under a temporary name and then renamed, so a crash never leaves a
-        half-written file."""
-        column = []
-        for group_index, group in enumerate(batch.groups):
-            for trajectory in group.trajectories:
-                values = step_advantages.get((group_index, trajectory.episode_id))
-                column += values if values and trajectory.steps else [None] * max(trajectory.num_steps, 1)
-        directory = os.path.join(self.args.output_dir, "trajectories")
-        os.makedirs(directory, exist_ok=True)
-        name = f"rollout-{self._rollout_index:05d}-rank{self.accelerator.process_index}.parquet"
-        dataset = batch.to_dataset(extra={"advantage": column, "global_step": [self.state.global_step] * len(column)})
-        temporary = os.path.join(directory, f".{name}.tmp")
-        pq.write_table(dataset.data.table, temporary)  # (datasets' to_parquet draws a progress bar per file)
-        os.replace(temporary, os.path.join(directory, name))
+        """Append this rollout to output_dir/trajectories as one crash-safe parquet shard (`TrajectoryWriter`), one row
+        per step with its advantage (None for failed episodes). The writer is created on the first rollout of each
+        `train()`, so a resumed run numbers its shards after the existing ones."""
+        if self._trajectory_writer is None:
+            self._trajectory_writer = TrajectoryWriter(
+                os.path.join(self.args.output_dir, TRAJECTORIES_DIR),
+                run_info=self.run_info or build_run_info(self),
+                rank=self.accelerator.process_index,
+            )
+        self._trajectory_writer.write(batch, step_advantages, self.state.global_step)
 
 
 # How much of an episode a completions-table entry shows (our choice: enough to follow a puzzle, short enough for a
