@@ -36,7 +36,6 @@ from .rollout.generators import Generator
 from .trajectory import RolloutBatch
 
 EVAL_DIR = "eval"
-RUN_INFO_NAME = "run_info.json"
 # The metrics of an evaluation (plus `pass_at_k` for sampled evaluations): what `write_eval_result` stores under
 # "metrics" and what the model card shows.
 EVAL_METRICS = ("success_rate", "episode_return", "episode_length", "valid_action_rate")
@@ -271,8 +270,9 @@ def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 def run_config_hash(run_dir: str | os.PathLike) -> str | None:
     """`config_hash` of `run_dir/run_info.json`, or None when `run_dir` is no local run directory with one."""
-    path = os.path.join(os.fspath(run_dir), RUN_INFO_NAME)
-    if not os.path.isfile(path):
+    from .records import RUN_INFO_NAME, read_run_info  # (datasets is imported there: only when needed)
+
+    run_dir = os.fspath(run_dir)
+    if not os.path.isfile(os.path.join(run_dir, RUN_INFO_NAME)):
         return None
-    with open(path) as handle:
-        return json.load(handle).get("config_hash")
+    return read_run_info(run_dir).get("config_hash")
