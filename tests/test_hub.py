@@ -127,8 +127,8 @@ PUSH_AND_READ_BACK = """
     from trl_agents.hub import push_run
     from trl_agents.trainers.agent_grpo import load_agent_config
 
-    run_dir, repo = sys.argv[1:]
-    urls = push_run(run_dir, repo)
+    run_dir, name, repo = sys.argv[1:]
+    urls = push_run(run_dir, name)  # no namespace: the token's user
     pushed, local = AutoModelForCausalLM.from_pretrained(repo), AutoModelForCausalLM.from_pretrained(run_dir)
     weights_equal = all(torch.equal(a, b) for a, b in zip(pushed.state_dict().values(), local.state_dict().values()))
     tokenizer = AutoTokenizer.from_pretrained(repo)
@@ -154,7 +154,7 @@ def test_push_run_round_trip(runs, tmp_path):
     before = tree_hash(run_dir)
     with LoopbackHubServer(token=TOKEN) as hub:
         result = result_of(run_python(hub.client_env(str(tmp_path)), PUSH_AND_READ_BACK, str(run_dir),
-                                      "tester/tiny-agent"))
+                                      "tiny-agent", "tester/tiny-agent"))
         assert hub.unknown_requests == []
         assert hub.count("lfs-upload") >= 2  # model.safetensors and the trajectories' parquet went through LFS
     assert tree_hash(run_dir) == before
@@ -322,8 +322,10 @@ def test_no_token_for_the_hub_and_offline_mode(tmp_path, monkeypatch):
     (run_dir / "adapter_config.json").write_text("{}")
     (run_dir / "adapter_model.safetensors").write_bytes(b"weights")
     before = tree_hash(run_dir)
-    # The Hub itself and no token anywhere (HOME is a temporary folder, so there is no stored one either).
+    # The Hub itself and no token anywhere: not in the environment, none stored by `hf auth login`.
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
     with pytest.raises(PermissionError, match=r"No Hugging Face token: run `hf auth login`, or pass --token / set"):
         push_run(str(run_dir), "me/model")

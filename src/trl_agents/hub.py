@@ -30,10 +30,27 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from importlib import resources
 from typing import Any
 
+import httpx
 import yaml
+from huggingface_hub import (
+    CommitOperationAdd,
+    DatasetCard,
+    EvalResult,
+    EvalResultEntry,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    RepoUrl,
+    constants,
+    eval_result_entries_to_yaml,
+    get_token,
+)
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
+from huggingface_hub.utils import validate_repo_id
 
 TRAJECTORY_SHARD = re.compile(r"^(?:shard|rollout)-(\d+)-rank(\d+)\.parquet$")  # `rollout-` = before records.py
 RUN_INFO_NAME = "run_info.json"
@@ -88,30 +105,31 @@ def push_run(
         PermissionError: no token for the Hub, or the Hub refused it.
         ConnectionError: the Hub endpoint cannot be reached (or `HF_HUB_OFFLINE` is set).
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     files = _files_to_push(run_dir)
     check_repo_id(repo_id, "--repo")
     shards = trajectory_shards(run_dir) if push_trajectories else []
-    dataset_repo_id = (dataset_repo_id or f"{repo_id}-trajectories") if shards else None
-    if dataset_repo_id:
-        check_repo_id(dataset_repo_id, "--dataset_repo")
+    if dataset_repo_id is not None or shards:
+        check_repo_id(dataset_repo_id or f"{repo_id}-trajectories", "--dataset_repo")
     token = _token_or_error(token)
     api = HfApi(token=token)
     with _clear_hub_errors(api.endpoint, run_dir, has_token=token is not None):
+        # First, as it checks the token and the endpoint. `name` alone gets the user's namespace.
         model_url = api.create_repo(repo_id, private=private, exist_ok=True)
-        repo_id = model_url.repo_id  # `name` alone gets the user's namespace
-        dataset_url = _push_trajectories(api, shards, dataset_repo_id, repo_id, run_dir, private) if shards else None
-        card = render_model_card(run_dir, repo_id, dataset_repo_id=dataset_repo_id)
+        dataset_url = None
+        if shards:
+            dataset_repo_id = dataset_repo_id or f"{model_url.repo_id}-trajectories"
+            dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_dir, private)
+        dataset_repo_id = dataset_url.repo_id if dataset_url else None
+        card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id)
         operations = [CommitOperationAdd(path_in_repo, path) for path_in_repo, path in files]
         operations.append(CommitOperationAdd("README.md", str(card).encode()))
         for name, entries in eval_result_files(read_run_eval_results(run_dir), str(model_url)).items():
             operations.append(CommitOperationAdd(f".eval_results/{name}.yaml", entries.encode()))
-        commit = api.create_commit(repo_id, operations, commit_message=commit_message)
-    return {"model": str(model_url), "dataset": dataset_url, "commit": commit.commit_url}
+        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message)
+    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit.commit_url}
 
 
-def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_id: str | None = None):
+def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_id: str | None = None) -> ModelCard:
     """The model card of a run, from `model_cards/model_card.md`, as a `huggingface_hub.ModelCard`.
 
     Args:
@@ -120,16 +138,14 @@ def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_
         dataset_repo_id: The trajectory dataset to link and list under `datasets:`.
 
     Example:
-        >>> import json, tempfile
+        >>> import json, pathlib, tempfile
         >>> run_dir = tempfile.mkdtemp()
-        >>> json.dump({"method": "gigpo", "env": "sokoban", "model": "Qwen/Qwen2.5-0.5B-Instruct", "config": {}},
-        ...           open(f"{run_dir}/run_info.json", "w"))
+        >>> run_info = {"method": "gigpo", "env": "sokoban", "model": "Qwen/Qwen2.5-0.5B-Instruct", "config": {}}
+        >>> _ = pathlib.Path(run_dir, "run_info.json").write_text(json.dumps(run_info))
         >>> card = render_model_card(run_dir, "me/sokoban-gigpo")
         >>> card.data.base_model, card.data.tags
         ('Qwen/Qwen2.5-0.5B-Instruct', ['trl', 'trl-agents', 'gigpo', 'sokoban', 'reinforcement-learning'])
     """
-    from huggingface_hub import ModelCard, ModelCardData, constants
-
     run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
     agent_config = _read_json(os.path.join(run_dir, "agent_config.json"))
     adapter_config = _read_json(os.path.join(run_dir, "adapter_config.json"))
@@ -183,15 +199,13 @@ def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_
     )
 
 
-def eval_results_for_card(results: list[dict[str, Any]]) -> list:
+def eval_results_for_card(results: list[dict[str, Any]]) -> list[EvalResult]:
     """`huggingface_hub.EvalResult`s (the card's `model-index`): one per metric of every evaluation.
 
     Our choice of fields: task `reinforcement-learning`; dataset `trl-agents/<env>` on the evaluation's split, with
     the evaluation's name as dataset config (so that each evaluation is one `model-index` result) and the settings
     that make two evaluations comparable (`num_tasks`, `max_turns`, decoding) as dataset arguments.
     """
-    from huggingface_hub import EvalResult
-
     card_results = []
     for result in results:
         env, split = result.get("env") or "unknown", result.get("split") or "eval"
@@ -218,8 +232,6 @@ def eval_result_files(results: list[dict[str, Any]], model_url: str | None = Non
     One entry per metric; our choice: dataset `trl-agents/<env>`, task id `<split>/<metric>`, the decoding and budget
     in `notes`, the evaluation time as `date`, and the model repo as source.
     """
-    from huggingface_hub import EvalResultEntry, eval_result_entries_to_yaml
-
     files = {}
     for result in results:
         env, split = result.get("env") or "unknown", result.get("split") or "eval"
@@ -262,8 +274,6 @@ def trajectory_shards(run_dir: str) -> list[str]:
 
 def check_repo_id(repo_id: str, argument: str) -> None:
     """A ValueError naming `argument` when `repo_id` is not a valid Hub repo id."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
@@ -298,18 +308,19 @@ def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
 
 
 def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_id: str, run_dir: str,
-                       private: bool) -> str:
-    """Push the shards as one `train` split, then replace the card `datasets` wrote with ours (keeping its metadata)."""
+                       private: bool) -> RepoUrl:
+    """Push the shards as one `train` split, then replace the card `datasets` wrote with ours (keeping its metadata).
+    Returns the dataset's `RepoUrl`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from datasets import Dataset
-    from huggingface_hub import DatasetCard, constants
+    from datasets import Dataset, Features
 
-    # Concatenated in memory (not through the datasets cache); a column that is all-null in one shard takes the
-    # type it has in the others.
-    table = pa.concat_tables([pq.read_table(path) for path in shards], promote_options="default")
+    # One schema for all shards: a column that is all-null in one rollout (e.g. `error`) takes its type from the
+    # others. Loaded through the datasets cache (memory-mapped), so long runs need not fit in memory.
+    schema = pa.unify_schemas([pq.read_schema(path) for path in shards], promote_options="default")
+    steps = Dataset.from_parquet(shards, features=Features.from_arrow_schema(schema))
     url = api.create_repo(dataset_repo_id, repo_type="dataset", private=private, exist_ok=True)
-    Dataset(table).push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
+    steps.push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
     run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
     pushed = DatasetCard.load(url.repo_id, token=api.token)
     card = DatasetCard.from_template(
@@ -320,20 +331,18 @@ def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_
         model_url=f"{constants.ENDPOINT}/{model_repo_id}",
         env=run_info.get("env"),
         method=run_info.get("method"),
-        num_rows=table.num_rows,
+        num_rows=len(steps),
         num_shards=len(shards),
-        columns=", ".join(f"`{name}`" for name in table.column_names),
+        columns=", ".join(f"`{name}`" for name in steps.column_names),
     )
     api.upload_file(path_or_fileobj=str(card).encode(), path_in_repo="README.md", repo_id=url.repo_id,
                     repo_type="dataset", commit_message="Trajectory dataset card")
-    return str(url)
+    return url
 
 
 def _token_or_error(token: str | None) -> str | None:
     """The token to push with. Fails before any network call when the endpoint is the Hub itself and there is no
     token, or when offline mode is on; a self-hosted endpoint may accept anonymous pushes, and answers 401 if not."""
-    from huggingface_hub import constants, get_token
-
     token = token or get_token()
     if token is None and constants.ENDPOINT.rstrip("/") == "https://huggingface.co":
         raise PermissionError(
@@ -350,8 +359,6 @@ def _token_or_error(token: str | None) -> str | None:
 @contextmanager
 def _clear_hub_errors(endpoint: str, run_dir: str, has_token: bool) -> Iterator[None]:
     """Turn the Hub client's network and auth errors into one clear message naming the endpoint and the fix."""
-    import httpx
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     untouched = f"Nothing in {run_dir} was changed."
     try:
@@ -396,8 +403,6 @@ def _method(name: str | None):
 
 def _is_hub_id(name: str) -> bool:
     """Whether a base model reference is a Hub repo id (not a local path), as the card's `base_model` needs."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     try:
         validate_repo_id(name)
     except HFValidationError:
@@ -407,8 +412,6 @@ def _is_hub_id(name: str) -> bool:
 
 def _key_settings(config: dict[str, Any], method) -> list[tuple[str, str]]:
     """(name, value) of the settings worth a glance: the common agent/GRPO ones, then the method's own fields."""
-    from dataclasses import fields
-
     from .trainers import AgentGRPOConfig
 
     names = list(KEY_SETTINGS)

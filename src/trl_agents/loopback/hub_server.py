@@ -425,7 +425,8 @@ class LoopbackHubServer:
     # ---- listings --------------------------------------------------------------------------------------------------
 
     def _tree(self, kind, repo_id, revision, query, path="", **_) -> tuple:
-        commit = self._repo_from(kind, repo_id=repo_id).commit_at(revision)
+        repo = self._repo_from(kind, repo_id=repo_id)
+        commit = repo.commit_at(revision)
         folder = unquote(path).strip("/")
         recursive = query.get("recursive", "").lower() in ("1", "true")
         prefix = folder + "/" if folder else ""
@@ -438,38 +439,19 @@ class LoopbackHubServer:
             depth = len(parts) if recursive else 1
             for level in range(1, min(depth, len(parts) - 1) + 1):  # the folders on the way
                 sub = prefix + "/".join(parts[:level])
-                entries.setdefault(sub, self._entry(commit, sub, query.get("expand")))
+                entries.setdefault(sub, _entry(repo, commit, sub, query.get("expand")))
             if len(parts) == 1 or recursive:
-                entries[name] = self._entry(commit, name, query.get("expand"))
+                entries[name] = _entry(repo, commit, name, query.get("expand"))
         return 200, {}, [entries[name] for name in sorted(entries)]
 
     def _paths_info(self, kind, repo_id, revision, body, **_) -> tuple:
-        commit = self._repo_from(kind, repo_id=repo_id).commit_at(revision)
+        repo = self._repo_from(kind, repo_id=repo_id)
+        commit = repo.commit_at(revision)
         form = parse_qs(body.decode())
         expand = form.get("expand", ["false"])[-1].lower() in ("1", "true")
         paths = [p.strip("/") for p in form.get("paths", [])]
         exists = [p for p in paths if p in commit.files or any(n.startswith(p + "/") for n in commit.files)]
-        return 200, {}, [self._entry(commit, path, expand) for path in exists]
-
-    def _entry(self, commit: Commit, path: str, expand: Any = None) -> dict[str, Any]:
-        stored = commit.files.get(path)
-        if stored is None:
-            entry = {"type": "directory", "path": path, "oid": hashlib.sha1(path.encode()).hexdigest()}
-            last = commit
-        else:
-            entry = {"type": "file", "path": path, "size": len(stored.content), "oid": stored.git_oid}
-            if stored.lfs:
-                entry["lfs"] = {"oid": stored.sha256, "size": len(stored.content), "pointerSize": len(stored.pointer)}
-            last = next((c for c in self._commits_of(commit) if c.oid == stored.last_commit), commit)
-        if expand and str(expand).lower() not in ("0", "false"):
-            entry["lastCommit"] = {"id": last.oid, "title": last.title, "date": last.date}
-        return entry
-
-    def _commits_of(self, commit: Commit) -> list[Commit]:
-        for repo in self.repos.values():
-            if commit in repo.commits:
-                return repo.commits[: repo.commits.index(commit) + 1]
-        return [commit]
+        return 200, {}, [_entry(repo, commit, path, expand) for path in exists]
 
     def _refs(self, kind, repo_id, **_) -> tuple:
         head = self._repo_from(kind, repo_id=repo_id).commits[-1]
@@ -478,7 +460,7 @@ class LoopbackHubServer:
 
     def _commits(self, kind, repo_id, revision, **_) -> tuple:
         repo = self._repo_from(kind, repo_id=repo_id)
-        history = self._commits_of(repo.commit_at(revision))
+        history = repo.commits[: repo.commits.index(repo.commit_at(revision)) + 1]
         return 200, {}, [{"id": c.oid, "title": c.title, "message": c.message, "date": c.date,
                           "authors": [{"user": self.user}]} for c in reversed(history)]
 
@@ -505,6 +487,22 @@ class LoopbackHubServer:
             content, status = content[first : last + 1], 206
             answer["Content-Range"] = f"bytes {first}-{last}/{size}"
         return status, answer, content
+
+
+def _entry(repo: Repo, commit: Commit, path: str, expand: Any = None) -> dict[str, Any]:
+    """A tree / paths-info entry: a file (with its LFS pointer info) or a folder; `lastCommit` when expanded."""
+    stored = commit.files.get(path)
+    if stored is None:
+        entry = {"type": "directory", "path": path, "oid": hashlib.sha1(path.encode()).hexdigest()}
+        last = commit
+    else:
+        entry = {"type": "file", "path": path, "size": len(stored.content), "oid": stored.git_oid}
+        if stored.lfs:
+            entry["lfs"] = {"oid": stored.sha256, "size": len(stored.content), "pointerSize": len(stored.pointer)}
+        last = repo.commit_at(stored.last_commit)
+    if expand and str(expand).lower() not in ("0", "false"):
+        entry["lastCommit"] = {"id": last.oid, "title": last.title, "date": last.date}
+    return entry
 
 
 def _model_index_errors(metadata: dict[str, Any]) -> list[str]:
