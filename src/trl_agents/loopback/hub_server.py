@@ -102,12 +102,14 @@ _REPO_NAME = re.compile(r"^[\w][\w.\-]{0,94}$")
 _MODEL_INDEX_REQUIRED = {"task": ("type",), "dataset": ("type", "name"), "metric": ("type", "value")}
 
 
-class HubError(Exception):
-    """An error answer: HTTP status, message, and the Hub's `X-Error-Code` when it has one."""
+class _RequestError(Exception):
+    """An error answer: HTTP status, message, the Hub's `X-Error-Code` when it has one, more headers and body keys."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, extra: dict | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None,
+                 body: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.code, self.extra = status, message, code, extra or {}
+        self.status, self.message, self.code = status, message, code
+        self.headers, self.body = headers or {}, body or {}
 
 
 @dataclass
@@ -158,7 +160,7 @@ class Repo:
         for commit in self.commits:
             if commit.oid == revision:
                 return commit
-        raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        raise _RequestError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
     @property
     def url_prefix(self) -> str:
@@ -275,12 +277,12 @@ class LoopbackHubServer:
         else:
             with self._lock:
                 self.requests.append((method, "unknown", parts.path))
-            raise HubError(404, f"loopback Hub: no route for {method} {parts.path}")
+            raise _RequestError(404, f"loopback Hub: no route for {method} {parts.path}")
         with self._lock:
             self.requests.append((method, name, parts.path))
         authorized = headers.get("Authorization") == f"Bearer {self.token}"
         if self.token is not None and name != "lfs-upload" and not authorized:  # (the upload URL is "presigned")
-            raise HubError(401, "Invalid credentials in Authorization header")
+            raise _RequestError(401, "Invalid credentials in Authorization header")
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         params = {key: value for key, value in match.groupdict().items() if value is not None}
         handler = getattr(self, "_" + name.replace("-", "_").replace("/", "_"))
@@ -291,7 +293,7 @@ class LoopbackHubServer:
         try:
             return self.repos[(repo_type, repo_id)]
         except KeyError:
-            raise HubError(404, "Repository not found", "RepoNotFound") from None
+            raise _RequestError(404, "Repository not found", "RepoNotFound") from None
 
     def _repo_from(self, kind: str | None = None, prefix: str | None = None, repo_id: str = "") -> Repo:
         repo_type = REPO_TYPES[kind] if kind else ("dataset" if prefix else "model")
@@ -301,7 +303,7 @@ class LoopbackHubServer:
 
     def _whoami_v2(self, headers, **_) -> tuple:
         if not headers.get("Authorization"):  # the Hub needs a token to tell who you are
-            raise HubError(401, "Invalid credentials in Authorization header")
+            raise _RequestError(401, "Invalid credentials in Authorization header")
         access = {"displayName": "loopback", "role": "write"}
         return 200, {}, {"type": "user", "id": "0", "name": self.user, "fullname": self.user, "orgs": [],
                          "auth": {"type": "access_token", "accessToken": access}}
@@ -311,13 +313,13 @@ class LoopbackHubServer:
         name, namespace = request.get("name", ""), request.get("organization") or self.user
         repo_type = request.get("type") or "model"
         if repo_type not in REPO_TYPES.values():
-            raise HubError(400, f"loopback Hub: repo type {repo_type!r} is not supported (model, dataset)")
+            raise _RequestError(400, f"loopback Hub: repo type {repo_type!r} is not supported (model, dataset)")
         if not _REPO_NAME.match(name) or "--" in name or ".." in name or name.endswith((".git", ".")):
-            raise HubError(400, f"Invalid repo name: {name!r}")
+            raise _RequestError(400, f"Invalid repo name: {name!r}")
         repo_id = f"{namespace}/{name}"
         url = f"{self.url}/{'' if repo_type == 'model' else repo_type + 's/'}{repo_id}"
         if (repo_type, repo_id) in self.repos:
-            raise HubError(409, "You already created this repo", extra={"url": url})
+            raise _RequestError(409, "You already created this repo", body={"url": url})
         private = request.get("visibility", "private" if request.get("private") else "public") == "private"
         repo = Repo(repo_type, repo_id, private, _now())
         repo.commits.append(Commit(_new_oid(), "initial commit", "", repo.created, {}))
@@ -358,7 +360,7 @@ class LoopbackHubServer:
     def _preupload(self, kind, repo_id, revision, query, body, **_) -> tuple:
         repo = self._repo_from(kind, repo_id=repo_id)
         if query.get("create_pr"):
-            raise HubError(400, "loopback Hub: pull requests are not supported")
+            raise _RequestError(400, "loopback Hub: pull requests are not supported")
         commit = repo.commit_at(revision)
         answers = []
         for entry in json.loads(body)["files"]:
@@ -375,7 +377,7 @@ class LoopbackHubServer:
         self._repo_from(prefix=prefix, repo_id=repo_id)
         request = json.loads(body)
         if request.get("operation") != "upload":
-            raise HubError(400, "loopback Hub: only the LFS 'upload' operation is supported")
+            raise _RequestError(400, "loopback Hub: only the LFS 'upload' operation is supported")
         objects = []
         for item in request.get("objects", []):
             answer = {"oid": item["oid"], "size": item["size"], "authenticated": True}
@@ -387,19 +389,19 @@ class LoopbackHubServer:
 
     def _lfs_upload(self, oid, body, **_) -> tuple:
         if hashlib.sha256(body).hexdigest() != oid:
-            raise HubError(400, f"LFS upload: the body does not hash to {oid}")
+            raise _RequestError(400, f"LFS upload: the body does not hash to {oid}")
         self.lfs_objects[oid] = body
         return 200, {}, b""
 
     def _commit(self, kind, repo_id, revision, query, body, **_) -> tuple:
         repo = self._repo_from(kind, repo_id=repo_id)
         if query.get("create_pr"):
-            raise HubError(400, "loopback Hub: pull requests are not supported")
+            raise _RequestError(400, "loopback Hub: pull requests are not supported")
         parent = repo.commit_at(revision)
         lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
         header = next((line["value"] for line in lines if line["key"] == "header"), {})
         if header.get("parentCommit") not in (None, parent.oid):
-            raise HubError(412, "A commit has happened since. Please refresh and try again.")
+            raise _RequestError(412, "A commit has happened since. Please refresh and try again.")
         oid = _new_oid()
         files = dict(parent.files)
         for line in lines:
@@ -409,15 +411,15 @@ class LoopbackHubServer:
                 files[path] = StoredFile(base64.b64decode(value["content"]), False, oid)
             elif key == "lfsFile":
                 if value["oid"] not in self.lfs_objects:
-                    raise HubError(400, f"LFS object {value['oid']} of {path} was never uploaded")
+                    raise _RequestError(400, f"LFS object {value['oid']} of {path} was never uploaded")
                 files[path] = StoredFile(self.lfs_objects[value["oid"]], True, oid)
             elif key == "deletedFile":
                 if files.pop(path, None) is None:
-                    raise HubError(404, f"cannot delete {path}: not in the repo", "EntryNotFound")
+                    raise _RequestError(404, f"cannot delete {path}: not in the repo", "EntryNotFound")
             elif key == "deletedFolder":
                 files = {name: f for name, f in files.items() if not name.startswith(path.rstrip("/") + "/")}
             elif key != "header":
-                raise HubError(400, f"loopback Hub: commit operation {key!r} is not supported")
+                raise _RequestError(400, f"loopback Hub: commit operation {key!r} is not supported")
         repo.commits.append(Commit(oid, header.get("summary", ""), header.get("description", ""), _now(), files))
         commit_url = f"{self.url}/{repo.url_prefix}{repo_id}/commit/{oid}"
         return 200, {}, {"success": True, "commitOid": oid, "commitUrl": commit_url, "pullRequestUrl": None}
@@ -432,7 +434,7 @@ class LoopbackHubServer:
         prefix = folder + "/" if folder else ""
         below = [name for name in commit.files if name.startswith(prefix)]
         if folder and not below:
-            raise HubError(404, f"{folder} does not exist on main", "EntryNotFound")
+            raise _RequestError(404, f"{folder} does not exist on main", "EntryNotFound")
         entries = {}
         for name in below:
             parts = name[len(prefix):].split("/")
@@ -470,7 +472,7 @@ class LoopbackHubServer:
         commit = self._repo_from(prefix=prefix, repo_id=repo_id).commit_at(revision)
         stored = commit.files.get(unquote(path))
         if stored is None:
-            raise HubError(404, "Entry not found", "EntryNotFound", extra={"X-Repo-Commit": commit.oid})
+            raise _RequestError(404, "Entry not found", "EntryNotFound", headers={"X-Repo-Commit": commit.oid})
         etag = f'"{stored.sha256 if stored.lfs else stored.git_oid}"'
         answer = {"X-Repo-Commit": commit.oid, "ETag": etag, "Accept-Ranges": "bytes"}
         if stored.lfs:
@@ -483,7 +485,8 @@ class LoopbackHubServer:
             first = int(start) if start else max(size - int(end), 0)
             last = min(int(end), size - 1) if start and end else size - 1
             if first >= size:
-                raise HubError(416, "Requested range not satisfiable", extra={"Content-Range": f"bytes */{size}"})
+                unsatisfiable = {"Content-Range": f"bytes */{size}"}
+                raise _RequestError(416, "Requested range not satisfiable", headers=unsatisfiable)
             content, status = content[first : last + 1], 206
             answer["Content-Range"] = f"bytes {first}-{last}/{size}"
         return status, answer, content
@@ -556,10 +559,9 @@ class _Handler(BaseHTTPRequestHandler):
         app: LoopbackHubServer = self.server.app
         try:
             status, headers, answer = app.handle(method, self.path, self.headers, body)
-        except HubError as err:
-            status, answer = err.status, {"error": err.message, **{k: v for k, v in err.extra.items() if k == "url"}}
-            headers = {k: v for k, v in err.extra.items() if k != "url"}
-            headers["X-Error-Message"] = err.message
+        except _RequestError as err:
+            status, answer = err.status, {"error": err.message, **err.body}
+            headers = {**err.headers, "X-Error-Message": err.message}
             if err.code:
                 headers["X-Error-Code"] = err.code
         except Exception as err:  # a bug in the server: say so instead of dropping the connection
