@@ -1,10 +1,11 @@
-"""`trl-agents` command line: train | eval | envs | methods.
+"""`trl-agents` command line: train | eval | push | envs | methods.
 
     trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
     trl-agents eval --model_name_or_path outputs/quickstart --num_eval_tasks 1000   # prompts as trained
     trl-agents eval --model_name_or_path outputs/quickstart --vllm_server_url http://localhost:8000   # vllm serve
     trl-agents eval --model_name_or_path outputs/quickstart --modes greedy sampled --num_samples 8 --max_turns 20
+    trl-agents push outputs/quickstart --repo my-user/quickstart-agent   # model, card, eval results, trajectories
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
 
@@ -209,6 +210,40 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
     return output
 
 
+def push(argv: list[str]) -> dict[str, str | None]:
+    """`trl-agents push RUN_DIR --repo USER/NAME`: the run's model (or LoRA adapter), model card, eval results and
+    trajectories to the Hub (see `trl_agents.hub.push_run`)."""
+    from .hub import push_run
+
+    parser = argparse.ArgumentParser(prog="trl-agents push", description=push.__doc__)
+    parser.add_argument("run_dir", help="output_dir of a training run (after trainer.save_model / trl-agents train)")
+    parser.add_argument("--repo", required=True, help="model repo, USER/NAME or ORG/NAME (created if missing)")
+    parser.add_argument("--dataset_repo", help="repo of the trajectory dataset (default: REPO-trajectories)")
+    parser.add_argument("--private", action="store_true", help="create the repos private")
+    parser.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or `hf auth login`)")
+    parser.add_argument("--no_trajectories", action="store_true", help="do not push RUN_DIR/trajectories")
+    parser.add_argument("--commit_message", default="Upload trl-agents run", help="message of the model commit")
+    args = parser.parse_args(argv)
+    try:
+        urls = push_run(
+            args.run_dir,
+            args.repo,
+            token=args.token,
+            private=args.private,
+            dataset_repo_id=args.dataset_repo,
+            push_trajectories=not args.no_trajectories,
+            commit_message=args.commit_message,
+        )
+    except (PermissionError, ConnectionError) as err:  # (ValueError is reported by `main`)
+        if os.environ.get("TRL_AGENTS_DEBUG"):
+            raise
+        raise SystemExit(f"trl-agents push: error: {err}") from None
+    print(f"model: {urls['model']}")
+    if urls["dataset"]:
+        print(f"trajectories: {urls['dataset']}")
+    return urls
+
+
 def list_envs(argv: list[str] | None = None) -> None:
     """`trl-agents envs`: every registered environment with its capabilities and what it needs;
     `trl-agents envs NAME`: one environment in detail (instructions, task keys, splits, README)."""
@@ -279,7 +314,7 @@ def list_methods() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate, "envs": list_envs, "methods": list_methods}
+    commands = {"train": train, "eval": evaluate, "push": push, "envs": list_envs, "methods": list_methods}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         parser = argparse.ArgumentParser(prog="trl-agents", description=__doc__.split("\n\n")[0])
         parser.add_argument("command", choices=sorted(commands), help="what to do; `trl-agents COMMAND --help`")

@@ -307,8 +307,18 @@ def save_agent_config(config: AgentGRPOConfig, directory: str) -> None:
 
 
 def load_agent_config(directory: str) -> dict[str, Any]:
-    """The settings `save_agent_config` wrote in a checkpoint directory ({} when there are none)."""
-    path = os.path.join(directory, AGENT_CONFIG_NAME)
+    """The settings `save_agent_config` wrote next to a checkpoint: a local directory, or a Hub model repo (pushed
+    with `trl-agents push` or TRL's `push_to_hub`). {} when there are none (e.g. a base model)."""
+    if os.path.isdir(directory):
+        path = os.path.join(directory, AGENT_CONFIG_NAME)
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, HFValidationError, RepositoryNotFoundError
+
+        try:
+            path = hf_hub_download(directory, AGENT_CONFIG_NAME)
+        except (EntryNotFoundError, HFValidationError, RepositoryNotFoundError):  # from_pretrained will tell
+            return {}
     if not os.path.isfile(path):
         return {}
     with open(path) as handle:

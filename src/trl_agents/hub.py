@@ -1,0 +1,442 @@
+"""Publish a training run to the Hugging Face Hub: the model (or LoRA adapter), its card, eval results, trajectories.
+
+`push_run(RUN_DIR, "user/name")` pushes what a trl-agents run wrote under its `output_dir`:
+
+1. the trajectories (`RUN_DIR/trajectories/*.parquet`, one row per step) as the dataset repo `user/name-trajectories`
+   (`datasets.Dataset.push_to_hub`), with a card that links back to the model;
+2. in one commit to the model repo `user/name`: the top-level files of RUN_DIR (the final model, or the LoRA adapter
+   as PEFT saved it; tokenizer; `agent_config.json`; `run_info.json`, the full config; `metrics.json`;
+   `learning_curve.png`), the raw eval results `eval/*.json`, the model card `README.md` rendered from
+   `model_cards/model_card.md` (method, paper, environment, key settings, eval table and `model-index`, learning
+   curve, links to the trajectories and the config), and the eval results in the Hub's `.eval_results/*.yaml` format.
+
+Sub-folders (`checkpoint-*`, `base-model`, `warm-start`) are not pushed. Nothing is written into RUN_DIR, so a failed
+push leaves the run as it was. Checkpoints during training go through TRL instead: `AgentGRPOConfig(push_to_hub=True,
+hub_model_id="user/name")` pushes the output directory with TRL's own card.
+
+Example:
+    ```python
+    from trl_agents.hub import push_run
+
+    urls = push_run("outputs/sokoban-gigpo", "my-user/qwen2.5-0.5b-sokoban-gigpo", private=True)
+    print(urls["model"], urls["dataset"])
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from importlib import resources
+from typing import Any
+
+import httpx
+import yaml
+from huggingface_hub import (
+    CommitOperationAdd,
+    DatasetCard,
+    EvalResult,
+    EvalResultEntry,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    RepoUrl,
+    constants,
+    eval_result_entries_to_yaml,
+    get_token,
+)
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
+from huggingface_hub.utils import validate_repo_id
+
+from .evaluation import read_eval_results
+from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, shard_files
+
+LEARNING_CURVE_NAME = "learning_curve.png"
+# Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
+BENCHMARK_NAMESPACE = "trl-agents"
+METRIC_NAMES = {
+    "success_rate": "Success rate",
+    "episode_return": "Mean episode return",
+    "episode_length": "Mean episode length",
+    "valid_action_rate": "Valid-action rate",
+}
+# Settings shown in the card's training table when the run has them (the full config is linked).
+KEY_SETTINGS = (
+    "env_kwargs", "max_turns", "history_length", "row_format", "num_generations", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "steps_per_generation", "max_steps", "num_train_epochs", "learning_rate", "beta",
+    "loss_type", "scale_rewards", "temperature", "max_completion_length", "max_prompt_length", "advantage_estimator",
+    "invalid_action_penalty", "seed",
+)
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+MODEL_WEIGHTS = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+)
+
+
+def push_run(
+    run_dir: str,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    dataset_repo_id: str | None = None,
+    push_trajectories: bool = True,
+    commit_message: str = "Upload trl-agents run",
+) -> dict[str, str | None]:
+    """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
+
+    Args:
+        run_dir: The trainer's `output_dir` after `trainer.save_model()` (or `trl-agents train`).
+        repo_id: Model repo, `user/name` or `org/name`; created when it does not exist.
+        token: A Hub token with write access; by default `HF_TOKEN` or the one `hf auth login` stored.
+        private: Create the repos private (existing repos keep their visibility).
+        dataset_repo_id: Repo of the trajectories; default `f"{repo_id}-trajectories"`.
+        push_trajectories: Push `RUN_DIR/trajectories/*.parquet` as a dataset (when there are any).
+        commit_message: Message of the model repo's commit.
+
+    Returns:
+        `{"model": URL, "dataset": URL or None, "commit": URL}`.
+
+    Raises:
+        ValueError: a bad repo id or a RUN_DIR without a saved model (before any network call).
+        PermissionError: no token for the Hub, or the Hub refused it.
+        ConnectionError: the Hub endpoint cannot be reached (or `HF_HUB_OFFLINE` is set).
+    """
+    files = _files_to_push(run_dir)
+    check_repo_id(repo_id, "--repo")
+    folder = os.path.join(run_dir, TRAJECTORIES_DIR)
+    shards = shard_files(folder) if push_trajectories and os.path.isdir(folder) else []
+    if dataset_repo_id is not None or shards:
+        check_repo_id(dataset_repo_id or f"{repo_id}-trajectories", "--dataset_repo")
+    token = _token_or_error(token)
+    api = HfApi(token=token)
+    with _clear_hub_errors(api.endpoint, run_dir, has_token=token is not None):
+        # First, as it checks the token and the endpoint. `name` alone gets the user's namespace.
+        model_url = api.create_repo(repo_id, private=private, exist_ok=True)
+        dataset_url = None
+        if shards:
+            dataset_repo_id = dataset_repo_id or f"{model_url.repo_id}-trajectories"
+            dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_dir, private)
+        dataset_repo_id = dataset_url.repo_id if dataset_url else None
+        card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id)
+        operations = [CommitOperationAdd(path_in_repo, path) for path_in_repo, path in files]
+        operations.append(CommitOperationAdd("README.md", str(card).encode()))
+        for name, entries in eval_result_files(read_eval_results(run_dir), str(model_url)).items():
+            operations.append(CommitOperationAdd(f".eval_results/{name}.yaml", entries.encode()))
+        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message)
+    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit.commit_url}
+
+
+def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_id: str | None = None) -> ModelCard:
+    """The model card of a run, from `model_cards/model_card.md`, as a `huggingface_hub.ModelCard`.
+
+    Args:
+        run_dir: The run directory (reads `run_info.json`, `agent_config.json`, `eval/*.json`, adapter/model config).
+        repo_id: The model's Hub id, for the usage snippet (default: the run directory's path).
+        dataset_repo_id: The trajectory dataset to link and list under `datasets:`.
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> run_dir = tempfile.mkdtemp()
+        >>> run_info = {"method": "gigpo", "env": "sokoban", "model": "Qwen/Qwen2.5-0.5B-Instruct", "config": {}}
+        >>> _ = pathlib.Path(run_dir, "run_info.json").write_text(json.dumps(run_info))
+        >>> card = render_model_card(run_dir, "me/sokoban-gigpo")
+        >>> card.data.base_model, card.data.tags
+        ('Qwen/Qwen2.5-0.5B-Instruct', ['trl', 'trl-agents', 'gigpo', 'sokoban', 'reinforcement-learning'])
+    """
+    run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
+    agent_config = _read_json(os.path.join(run_dir, "agent_config.json"))
+    adapter_config = _read_json(os.path.join(run_dir, "adapter_config.json"))
+    config = run_info.get("config") or {}
+    method = _method(run_info.get("method"))
+    env = run_info.get("env") or agent_config.get("env_name")
+    base_model = run_info.get("model") or adapter_config.get("base_model_name_or_path")
+    base_model = base_model if base_model and _is_hub_id(base_model) else None
+    results = read_eval_results(run_dir)
+    model_name = (repo_id or os.path.basename(os.path.abspath(run_dir))).split("/")[-1]
+    tags = ["trl", "trl-agents", *(method.trainer_class._tag_names if method else [])]
+    tags += [t for t in (run_info.get("method"), env, "reinforcement-learning") if t]
+    tags += ["lora"] if adapter_config else []
+    data = ModelCardData(
+        model_name=model_name,
+        base_model=base_model,
+        library_name="peft" if adapter_config else "transformers",
+        pipeline_tag="text-generation",
+        tags=list(dict.fromkeys(tags)),
+        datasets=[dataset_repo_id] if dataset_repo_id else None,
+        eval_results=eval_results_for_card(results) or None,
+    )
+    paper_id = method.paper.removeprefix("arXiv ").strip() if method and method.paper.startswith("arXiv") else None
+    trl_paper = getattr(method.trainer_class, "_paper", {}) if method else {}
+    versions = ", ".join(f"{name} {run_info[key]}" for name, key in (("trl-agents", "trl_agents_version"),
+                                                                         ("TRL", "trl_version")) if run_info.get(key))
+    template = resources.files("trl_agents").joinpath("model_cards", "model_card.md")
+    return ModelCard.from_template(
+        data,
+        template_path=str(template),
+        model_name=model_name,
+        repo_id=repo_id or run_dir,
+        endpoint=constants.ENDPOINT,
+        method=run_info.get("method"),
+        paper=method.paper if method else None,
+        paper_url=f"https://arxiv.org/abs/{paper_id}" if paper_id else None,
+        citation=trl_paper.get("citation") if paper_id and trl_paper.get("id") == paper_id else None,
+        env=env,
+        base_model=base_model,
+        is_adapter=bool(adapter_config),
+        eval_rows=[_eval_row(result) for result in results],
+        pass_at_k=any(key.startswith("pass_at_") for result in results for key in result.get("metrics", {})),
+        learning_curve=LEARNING_CURVE_NAME if os.path.isfile(os.path.join(run_dir, LEARNING_CURVE_NAME)) else None,
+        config_rows=_key_settings(config, method),
+        config_file=RUN_INFO_NAME if run_info else None,
+        config_hash=run_info.get("config_hash"),
+        versions=versions,
+        agent_config=bool(agent_config),
+        dataset_repo_id=dataset_repo_id,
+        dataset_url=f"{constants.ENDPOINT}/datasets/{dataset_repo_id}" if dataset_repo_id else None,
+    )
+
+
+def eval_results_for_card(results: list[dict[str, Any]]) -> list[EvalResult]:
+    """`huggingface_hub.EvalResult`s (the card's `model-index`): one per metric of every evaluation.
+
+    Our choice of fields: task `reinforcement-learning`; dataset `trl-agents/<env>` on the evaluation's split, with
+    the evaluation's name as dataset config (so that each evaluation is one `model-index` result) and the settings
+    that make two evaluations comparable (`num_tasks`, `max_turns`, decoding) as dataset arguments.
+    """
+    card_results = []
+    for result in results:
+        env, split = result.get("env") or "unknown", result.get("split") or "eval"
+        arguments = {key: result[key] for key in ("num_tasks", "max_turns", "greedy", "num_samples") if key in result}
+        for metric, value in result.get("metrics", {}).items():
+            card_results.append(EvalResult(
+                task_type="reinforcement-learning",
+                task_name=f"Multi-turn agent ({env})",
+                dataset_type=f"{BENCHMARK_NAMESPACE}/{env}",
+                dataset_name=f"{env} {split} tasks",
+                dataset_config=result.get("name"),
+                dataset_split=split,
+                dataset_args=arguments or None,
+                metric_type=metric,
+                metric_name=_metric_name(metric),
+                metric_value=value,
+            ))
+    return card_results
+
+
+def eval_result_files(results: list[dict[str, Any]], model_url: str | None = None) -> dict[str, str]:
+    """The Hub's `.eval_results/{name}.yaml` files of the evaluations: name -> YAML text.
+
+    One entry per metric; our choice: dataset `trl-agents/<env>`, task id `<split>/<metric>`, the decoding and budget
+    in `notes`, the evaluation time as `date`, and the model repo as source.
+    """
+    files = {}
+    for result in results:
+        env, split = result.get("env") or "unknown", result.get("split") or "eval"
+        notes = _eval_row(result)
+        notes = f"{notes['decoding']}, {notes['num_tasks']} tasks, max {notes['max_turns']} turns"
+        entries = [
+            EvalResultEntry(
+                dataset_id=f"{BENCHMARK_NAMESPACE}/{env}",
+                task_id=f"{split}/{metric}",
+                value=value,
+                date=result.get("created"),
+                source_url=model_url,
+                source_name="trl-agents eval" if model_url else None,
+                notes=notes,
+            )
+            for metric, value in result.get("metrics", {}).items()
+        ]
+        files[result.get("name") or f"{env}-{split}"] = yaml.safe_dump(eval_result_entries_to_yaml(entries),
+                                                                        sort_keys=False)
+    return files
+
+
+def check_repo_id(repo_id: str, argument: str) -> None:
+    """A ValueError naming `argument` when `repo_id` is not a valid Hub repo id."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(
+            f"{argument} {repo_id!r} is not a valid Hub repo id: use 'user/name' or 'org/name' (letters, digits, "
+            f"'-', '_', '.'; no '--' or '..'; at most 96 characters). ({err})"
+        ) from None
+
+
+# ---- push steps ----------------------------------------------------------------------------------------------------
+
+
+def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
+    """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
+    hidden or temporary files) and `eval/*.json`. ValueError when the run holds no saved model or adapter."""
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"RUN_DIR {run_dir!r} is not a directory: give the `output_dir` of a training run.")
+    names = {name for name in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, name))}
+    adapter = "adapter_config.json" in names and names & set(ADAPTER_WEIGHTS)
+    if not adapter and not ("config.json" in names and names & set(MODEL_WEIGHTS)):
+        raise ValueError(
+            f"RUN_DIR {run_dir!r} holds no saved model: expected config.json + model weights, or adapter_config.json "
+            "+ adapter weights (LoRA). Save one with `trainer.save_model()` (`trl-agents train` does)."
+        )
+    files = [(name, os.path.join(run_dir, name)) for name in sorted(names)
+             if name != "README.md" and not name.startswith(".") and not name.endswith(".tmp")]
+    eval_folder = os.path.join(run_dir, "eval")
+    if os.path.isdir(eval_folder):
+        files += [(f"eval/{name}", os.path.join(eval_folder, name)) for name in sorted(os.listdir(eval_folder))
+                  if name.endswith(".json")]
+    return files
+
+
+def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_id: str, run_dir: str,
+                       private: bool) -> RepoUrl:
+    """Push the shards as one `train` split, then replace the card `datasets` wrote with ours (keeping its metadata).
+    Returns the dataset's `RepoUrl`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import Dataset, Features
+
+    # One schema for all shards: a column that is all-null in one rollout (e.g. `error`) takes its type from the
+    # others. Loaded through the datasets cache (memory-mapped), so long runs need not fit in memory.
+    schema = pa.unify_schemas([pq.read_schema(path) for path in shards], promote_options="default")
+    steps = Dataset.from_parquet(shards, features=Features.from_arrow_schema(schema))
+    url = api.create_repo(dataset_repo_id, repo_type="dataset", private=private, exist_ok=True)
+    steps.push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
+    run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
+    pushed = DatasetCard.load(url.repo_id, token=api.token)
+    card = DatasetCard.from_template(
+        pushed.data,
+        template_path=str(resources.files("trl_agents").joinpath("model_cards", "trajectories_card.md")),
+        repo_id=url.repo_id,
+        model_repo_id=model_repo_id,
+        model_url=f"{constants.ENDPOINT}/{model_repo_id}",
+        env=run_info.get("env"),
+        method=run_info.get("method"),
+        num_rows=len(steps),
+        num_shards=len(shards),
+        columns=", ".join(f"`{name}`" for name in steps.column_names),
+    )
+    api.upload_file(path_or_fileobj=str(card).encode(), path_in_repo="README.md", repo_id=url.repo_id,
+                    repo_type="dataset", commit_message="Trajectory dataset card")
+    return url
+
+
+def _token_or_error(token: str | None) -> str | None:
+    """The token to push with. Fails before any network call when the endpoint is the Hub itself and there is no
+    token, or when offline mode is on; a self-hosted endpoint may accept anonymous pushes, and answers 401 if not."""
+    token = token or get_token()
+    if token is None and constants.ENDPOINT.rstrip("/") == "https://huggingface.co":
+        raise PermissionError(
+            "No Hugging Face token: run `hf auth login`, or pass --token / set HF_TOKEN (a token with write access: "
+            "https://huggingface.co/settings/tokens)."
+        )
+    if constants.is_offline_mode():
+        raise ConnectionError(
+            "HF_HUB_OFFLINE is set, so nothing can be pushed: unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE) to push."
+        )
+    return token
+
+
+@contextmanager
+def _clear_hub_errors(endpoint: str, run_dir: str, has_token: bool) -> Iterator[None]:
+    """Turn the Hub client's network and auth errors into one clear message naming the endpoint and the fix."""
+
+    untouched = f"Nothing in {run_dir} was changed."
+    try:
+        yield
+    except (httpx.TransportError, OfflineModeIsEnabled) as err:
+        raise ConnectionError(
+            f"Cannot reach the Hub at {endpoint} ({type(err).__name__}: {err}). Check the network connection, or "
+            f"HF_ENDPOINT if you use a mirror. {untouched}"
+        ) from err
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else None
+        if status == 401:
+            problem = "refused the token" if has_token else "needs a token"
+            raise PermissionError(
+                f"The Hub at {endpoint} {problem} (401 Unauthorized): run `hf auth login`, or pass --token / set "
+                f"HF_TOKEN to a token with write access. {untouched}"
+            ) from err
+        if status == 403:
+            raise PermissionError(
+                f"The Hub at {endpoint} refused the push (403 Forbidden): the token has no write access to this "
+                f"namespace; use a write token, or a repo id under your user. {untouched}"
+            ) from err
+        raise
+
+
+# ---- reading the run -----------------------------------------------------------------------------------------------
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _method(name: str | None):
+    """The registered method of that name, or None (a run from a method this version does not know)."""
+    from .trainers import METHODS
+
+    return METHODS.get(name) if name else None
+
+
+def _is_hub_id(name: str) -> bool:
+    """Whether a base model reference is a Hub repo id (not a local path), as the card's `base_model` needs."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return "/" in name and not os.path.exists(name)
+
+
+def _key_settings(config: dict[str, Any], method) -> list[tuple[str, str]]:
+    """(name, value) of the settings worth a glance: the common agent/GRPO ones, then the method's own fields."""
+    from .trainers import AgentGRPOConfig
+
+    names = list(KEY_SETTINGS)
+    if method is not None:
+        common = {f.name for f in fields(AgentGRPOConfig)}
+        names += [f.name for f in fields(method.config_class) if f.name not in common]
+    return [(name, _cell(config[name])) for name in names if config.get(name) not in (None, {}, "")]
+
+
+def _cell(value: Any) -> str:
+    """A value as a Markdown table cell: JSON for containers, one line, pipes escaped, long values shortened."""
+    text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _eval_row(result: dict[str, Any]) -> dict[str, Any]:
+    metrics = result.get("metrics", {})
+    samples = result.get("num_samples", 1)
+    decoding = "greedy" if result.get("greedy", True) else f"sampled (T={result.get('temperature', 1.0)})"
+
+    def number(key: str) -> str:
+        return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), int | float) else "-"
+
+    return {
+        "name": result.get("name", "-"), "split": result.get("split", "-"), "num_tasks": result.get("num_tasks", "-"),
+        "num_episodes": result.get("num_episodes", "-"), "max_turns": result.get("max_turns", "-"),
+        "decoding": decoding + (f", {samples} samples" if samples > 1 else ""),
+        **{key: number(key) for key in METRIC_NAMES}, "pass_at_k": number(f"pass_at_{samples}"),
+    }
+
+
+def _metric_name(metric: str) -> str:
+    if metric.startswith("pass_at_"):
+        return f"pass@{metric.removeprefix('pass_at_')}"
+    return METRIC_NAMES.get(metric, metric)
+
+
+__all__ = [
+    "check_repo_id",
+    "eval_result_files",
+    "eval_results_for_card",
+    "push_run",
+    "render_model_card",
+]
