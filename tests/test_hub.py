@@ -257,6 +257,8 @@ def test_trainer_push_to_hub_goes_through_trl(tiny_model_dir, tmp_path):
     assert json.loads(files["agent_config.json"])["env_name"] == "frozenlake"
     card = ModelCard(files["README.md"].decode())
     assert set(result["tags"]) == {"trl", "trl-agents", "gigpo"} <= set(card.data.tags)
+    assert {"frozenlake", "generated_from_trainer"} <= set(card.data.tags)  # ours (the env) and TRL's
+    assert "on the **frozenlake** environment with **gigpo**" in card.text  # trl-agents' card, not TRL's
 
 
 # ---- errors leave the run as it was --------------------------------------------------------------------------------

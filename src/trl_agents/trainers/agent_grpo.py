@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
+from huggingface_hub import ModelCard
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
@@ -785,6 +786,20 @@ class AgentGRPOTrainer(GRPOTrainer):
             self.env_pool.close()
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """The card `push_to_hub` uploads: trl-agents' card (method and paper, environment, key settings, eval table,
+        learning curve; `trl_agents.hub.render_model_card`) with TRL's tags added, instead of TRL's generic one."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        from ..hub import render_model_card
+
+        path = os.path.join(self.args.output_dir, "README.md")
+        trl_tags = ModelCard.load(path).data.tags or [] if os.path.isfile(path) else []
+        card = render_model_card(self.args.output_dir, self.hub_model_id)
+        card.data.tags = list(dict.fromkeys([*(card.data.tags or []), *trl_tags]))
+        card.save(path)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """Save as `Trainer` does, plus `agent_config.json`: how the agent is prompted (environment, system prompt,
