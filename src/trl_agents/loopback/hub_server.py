@@ -66,11 +66,13 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
+
+from .base import LoopbackHTTPServer
 
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores larger files with LFS whatever their type
 LFS_EXTENSIONS = (  # a subset of the Hub's default .gitattributes
@@ -167,7 +169,7 @@ class Repo:
         return "" if self.repo_type == "model" else f"{self.repo_type}s/"
 
 
-class LoopbackHubServer:
+class LoopbackHubServer(LoopbackHTTPServer):
     """A Hub-compatible HTTP server on 127.0.0.1 that keeps its repos in memory (tests only).
 
     Args:
@@ -182,44 +184,13 @@ class LoopbackHubServer:
     """
 
     def __init__(self, token: str | None = None, user: str = "tester"):
+        super().__init__(_Handler)
         self.token = token
         self.user = user
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> bytes, uploaded but maybe not committed yet
         self.requests: list[tuple[str, str, str]] = []  # (method, route name or "unknown", path)
         self._lock = threading.RLock()
-        self._http: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # ---- lifecycle -------------------------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        if self._http is None:
-            raise RuntimeError("The server is not running: use `with LoopbackHubServer() as hub:`")
-        host, port = self._http.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> Self:
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._http.daemon_threads = True
-        self._http.app = self
-        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._thread.join()
-            self._http = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def client_env(self, home: str | None = None, token: str | None | bool = True) -> dict[str, str]:
         """Environment for a subprocess whose huggingface_hub / datasets / transformers should talk to this server.

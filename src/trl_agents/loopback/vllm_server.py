@@ -50,11 +50,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from ..rollout.vllm import SUPPORTED_VLLM_VERSION
+from .base import LoopbackHTTPServer
 
 LOAD_WEIGHTS_ROUTE = "/test/load_weights"
 LOGPROB_FLOOR = -9999.0  # vLLM clamps reported log-probs here (JSON has no -inf)
@@ -104,7 +105,7 @@ class _Sampling:
         return self.temperature < 1e-5  # vLLM's threshold
 
 
-class LoopbackVLLMServer:
+class LoopbackVLLMServer(LoopbackHTTPServer):
     """A vLLM-compatible HTTP server on 127.0.0.1 around a transformers causal LM (tests only).
 
     Args:
@@ -121,6 +122,7 @@ class LoopbackVLLMServer:
     def __init__(self, model, tokenizer, model_name: str = "loopback-model", seed: int = 0):
         import torch
 
+        super().__init__(_Handler)
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -139,42 +141,24 @@ class LoopbackVLLMServer:
         self._transfer_engine_ready = False
         self._updating = False
         self._announced: dict[str, tuple[str, list[int]]] | None = None  # name -> (dtype, shape) of /update_weights
-        self._http: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
         self._was_training = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------------------
 
     @property
     def base_url(self) -> str:
-        if self._http is None:
-            raise RuntimeError("The server is not running: use `with LoopbackVLLMServer(...) as server:`")
-        host, port = self._http.server_address[:2]
-        return f"http://{host}:{port}"
+        """The server's URL (what `VLLMClient(base_url=...)` takes)."""
+        return self.url
 
     def start(self) -> Self:
         self._was_training = self.model.training
         self.model.eval()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._http.daemon_threads = True
-        self._http.app = self
-        self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._thread.join()
-            self._http = self._thread = None
+            super().stop()
             self.model.train(self._was_training)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # ---- what clients sent -----------------------------------------------------------------------------------------
 
