@@ -505,11 +505,13 @@ def test_two_training_steps(source, tiny_model, tokenizer, tmp_path):
 
 
 @pytest.mark.slow
-def test_rollout_capture_equals_the_extra_forward(tiny_model, tokenizer, tmp_path):
-    # Left-padded prefill vectors (generate, several prompt lengths per batch) = the extra forward's vectors.
+@pytest.mark.parametrize("backend", ["generate", "static"])
+def test_rollout_capture_equals_the_extra_forward(backend, tiny_model, tokenizer, tmp_path):
+    # Left-padded prefill vectors (several prompt lengths per batch) = the extra forward's vectors, with plain
+    # `generate` and with the static-cache backend (whose prefill mask spans the whole cache).
     for pooling in ("last_token", "mean"):
-        trainer = BiPACETrainer(model=tiny_model, args=make_config(tmp_path, pooling=pooling), train_dataset=TASKS,
-                                processing_class=tokenizer)
+        config = make_config(tmp_path, pooling=pooling, generation_backend=backend)
+        trainer = BiPACETrainer(model=tiny_model, args=config, train_dataset=TASKS, processing_class=tokenizer)
         trainer._recording = True
         batch = trainer._engine().run(TASKS[:2], num_generations=4)
         matrices, rollout_fraction = trainer.step_hidden_states(batch.groups)

@@ -225,6 +225,10 @@ class _PrefillRecorder:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
         cache = kwargs.get("past_key_values")
+        if torch.is_tensor(input_ids) and torch.is_tensor(mask) and mask.dim() == 2 == input_ids.dim():
+            # A static-cache prefill (generation_backend="static") passes the mask of the whole cache; the prompt's
+            # columns come first.
+            mask = mask[:, : input_ids.shape[1]]
         whole = (
             torch.is_tensor(input_ids)
             and torch.is_tensor(mask)
