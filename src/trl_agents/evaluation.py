@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .envs import get_env_class
-from .metrics import pass_at_k, pass_at_k_values
+from .metrics import mean_pass_at_k
 from .rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from .rollout.generators import Generator
 from .trajectory import RolloutBatch
@@ -153,10 +153,7 @@ def summarize(batch: RolloutBatch) -> dict[str, Any]:
         "num_tasks": len(batch.groups),
         "num_episodes": len(trajectories),
     }
-    samples = min((len(g.trajectories) for g in batch.groups), default=1)
-    for k in pass_at_k_values(samples):
-        estimates = [pass_at_k(len(g.trajectories), sum(t.success for t in g.trajectories), k) for g in batch.groups]
-        result[f"pass_at_{k}"] = sum(estimates) / len(estimates)
+    result.update(mean_pass_at_k([[t.success for t in g.trajectories] for g in batch.groups if g.trajectories]))
     return result
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 METRICS = ("agent_success",)
@@ -50,6 +51,23 @@ def pass_at_k_values(num_samples: int) -> list[int]:
     if num_samples <= 1:
         return []
     return sorted({2**i for i in range(num_samples.bit_length()) if 2**i <= num_samples} | {num_samples})
+
+
+def mean_pass_at_k(successes: Sequence[Sequence[bool]], ks: Sequence[int] | None = None) -> dict[str, float]:
+    """`{"pass_at_k": mean over tasks}` for every k of `ks` (default: `pass_at_k_values` of the fewest episodes any
+    task has); `successes` holds one list of episode outcomes per task.
+
+    Example:
+        >>> mean_pass_at_k([[True, False, False, False], [False, False, False, False]])
+        {'pass_at_1': 0.125, 'pass_at_2': 0.25, 'pass_at_4': 0.5}
+    """
+    if not successes:
+        return {}
+    if ks is None:
+        ks = pass_at_k_values(min(len(task) for task in successes))
+    return {
+        f"pass_at_{k}": sum(pass_at_k(len(task), sum(task), k) for task in successes) / len(successes) for k in ks
+    }
 
 
 def metric_path(name: str) -> str:

@@ -6,7 +6,7 @@ Load it offline with `trl_agents.metrics.load_metric("agent_success")` (or `eval
 import datasets
 import evaluate
 
-from trl_agents.metrics import pass_at_k, pass_at_k_values
+from trl_agents.metrics import mean_pass_at_k
 
 _DESCRIPTION = """
 Success rate and pass@k of agent episodes grouped by task. The input holds, for every task, whether each of its
@@ -55,8 +55,6 @@ class AgentSuccess(evaluate.Metric):
     def _compute(self, successes, k=None):
         if not successes or any(len(task) == 0 for task in successes):
             raise ValueError("agent_success: `successes` needs at least one task, each with at least one episode")
-        samples = min(len(task) for task in successes)
-        ks = pass_at_k_values(samples) if k is None else list(k)
         per_task = [sum(task) / len(task) for task in successes]
         mean = sum(per_task) / len(per_task)
         variance = sum((rate - mean) ** 2 for rate in per_task) / max(len(per_task) - 1, 1)
@@ -64,7 +62,4 @@ class AgentSuccess(evaluate.Metric):
             "success_rate": mean,
             "success_rate_stderr": (variance / len(per_task)) ** 0.5,
         }
-        for value in ks:
-            estimates = [pass_at_k(len(task), sum(task), value) for task in successes]
-            scores[f"pass_at_{value}"] = sum(estimates) / len(estimates)
-        return scores
+        return {**scores, **mean_pass_at_k(successes, k)}
