@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from transformers import TrainerCallback
 
 from .envs import get_env_class, make_env
@@ -145,8 +144,9 @@ def warm_start(
         save_strategy="no",
         report_to=report_to,
         seed=seed,
-        bf16=None if torch.cuda.is_available() else False,
-        dataloader_pin_memory=torch.cuda.is_available(),
+        # As AgentGRPOConfig does on a machine without an accelerator (see cpu_only).
+        bf16=False if cpu_only() else None,
+        dataloader_pin_memory=not cpu_only(),
         use_cpu=cpu_only(),
         gradient_checkpointing=False,
         dataset_num_proc=None,
