@@ -70,7 +70,6 @@ class _Episode:
     env: AgentEnv
     trajectory: Trajectory
     system: str = ""
-    task_text: str = ""
     observation: str = ""
     history: list[tuple[str, str]] = field(default_factory=list)
     context_ids: list[int] = field(default_factory=list)  # conversation format: everything so far
@@ -200,12 +199,12 @@ class RolloutEngine:
                 continue
             episode.observation = start.observation
             episode.system = start.instructions if self.system_prompt is None else self.system_prompt
-            episode.task_text = episode.trajectory.task_text = start.task_text
+            episode.trajectory.task_text = start.task_text
             episode.solver_value = start.solver_value
             if self.row_format == "conversation":
                 try:
                     episode.context_ids = self.renderer.conversation_prompt_ids(
-                        episode.system, episode.task_text, episode.observation
+                        episode.system, episode.trajectory.task_text, episode.observation
                     )
                 except Exception as err:  # noqa: BLE001 — e.g. a first observation longer than the prompt budget
                     self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
@@ -223,7 +222,9 @@ class RolloutEngine:
     def _prompt_ids(self, episode: _Episode) -> list[int]:
         if self.row_format == "conversation":
             return list(episode.context_ids)
-        return self.renderer.step_prompt_ids(episode.system, episode.task_text, episode.history, episode.observation)
+        return self.renderer.step_prompt_ids(
+            episode.system, episode.trajectory.task_text, episode.history, episode.observation
+        )
 
     def _turn(self, active: list[_Episode]) -> None:
         prompts, ready = [], []

@@ -841,10 +841,12 @@ class AgentGRPOTrainer(GRPOTrainer):
             **{f"credit/advantage_by_turn/{turn}": tuple(pair) for turn, pair in enumerate(by_turn)},
         }
         returns = [t.episode_return for t in trajectories]
+        tokens = sum(len(p) + len(c) for p, c in zip(rows.prompt_ids, rows.completion_ids, strict=True))
         names = sorted(local)
-        stats = [local[n] for n in names] + [(sum(r * r for r in returns), len(returns))]  # (Σ r², n) for reward_std
+        # One all-reduce for all of it: the metrics, (Σ r², n) for reward_std, and the tokens of this rollout.
+        stats = [local[n] for n in names] + [(sum(r * r for r in returns), len(returns)), (tokens, 1)]
         stats = torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device)
-        *totals, (squares, num_returns) = self.accelerator.reduce(stats, reduction="sum").tolist()
+        *totals, (squares, num_returns), (tokens, _) = self.accelerator.reduce(stats, reduction="sum").tolist()
         for name, (total, count) in zip(names, totals, strict=True):
             if count > 0:
                 self._metrics[mode][name].append(total if name == "train_rows" else total / count)
@@ -854,9 +856,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             variance = max(squares - num_returns * mean**2, 0.0) / max(num_returns - 1, 1)
             self._metrics[mode]["reward_std"].append(math.sqrt(variance))
         if mode == "train":
-            tokens = sum(len(p) + len(c) for p, c in zip(rows.prompt_ids, rows.completion_ids, strict=True))
-            tokens = self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), "sum").item()
-            self.state.num_input_tokens_seen += tokens
+            self.state.num_input_tokens_seen += int(tokens)
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
         if self.log_completions:
             self._log_episodes(batch, step_advantages)
