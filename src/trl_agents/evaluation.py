@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .envs import get_env_class
+from .fileio import atomic_write
 from .metrics import pass_at_k, pass_at_k_values
 from .rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from .rollout.generators import Generator
@@ -238,16 +239,7 @@ def write_eval_result(run_dir: str | os.PathLike, result: dict[str, Any]) -> str
     name = str(result["name"])
     if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
         raise ValueError(f"write_eval_result: name {name!r} must be a file name (no path separator, no leading '.')")
-    directory = os.path.join(os.fspath(run_dir), EVAL_DIR)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{name}.json")
-    temporary = os.path.join(directory, f".{name}.json.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(result, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+    return atomic_write(os.path.join(os.fspath(run_dir), EVAL_DIR, f"{name}.json"), json.dumps(result, indent=2))
 
 
 def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

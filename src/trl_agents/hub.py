@@ -271,7 +271,8 @@ def check_repo_id(repo_id: str, argument: str) -> None:
 
 def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
     """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
-    hidden or temporary files) and `eval/*.json`. ValueError when the run holds no saved model or adapter."""
+    hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`) and `eval/*.json`.
+    ValueError when the run holds no saved model or adapter."""
     if not os.path.isdir(run_dir):
         raise ValueError(f"RUN_DIR {run_dir!r} is not a directory: give the `output_dir` of a training run.")
     names = {name for name in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, name))}
@@ -282,7 +283,7 @@ def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
             "+ adapter weights (LoRA). Save one with `trainer.save_model()` (`trl-agents train` does)."
         )
     files = [(name, os.path.join(run_dir, name)) for name in sorted(names)
-             if name != "README.md" and not name.startswith(".") and not name.endswith(".tmp")]
+             if name != "README.md" and not name.startswith(".")]
     eval_folder = os.path.join(run_dir, "eval")
     if os.path.isdir(eval_folder):
         files += [(f"eval/{name}", os.path.join(eval_folder, name)) for name in sorted(os.listdir(eval_folder))

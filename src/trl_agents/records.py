@@ -85,6 +85,7 @@ from datasets import Dataset, Features, List, Value
 
 from .credit.base import canonical_action
 from .envs.base import INFO_ROLE
+from .fileio import atomic_write
 from .trajectory import RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ RUN_INFO_NAME = "run_info.json"
 TRAJECTORIES_DIR = "trajectories"
 DEFAULT_ROLE = "agent"
 SHARD_PATTERN = re.compile(r"^shard-(\d{6,})-rank(\d{2,})\.parquet$")
+# The temporary name `atomic_write` gives a shard while writing it; one left behind is an interrupted write.
 TEMPORARY_PATTERN = re.compile(r"^\.shard-(\d{6,})-rank(\d{2,})\.parquet\.tmp$")
 
 _string, _int, _float, _bool = Value("string"), Value("int64"), Value("float64"), Value("bool")
@@ -188,12 +190,7 @@ def write_run_info(trainer) -> dict[str, Any]:
     info = build_run_info(trainer)
     previous = read_run_info(trainer.args.output_dir) if _has_run_info(trainer.args.output_dir) else {}
     info.update({key: previous[key] for key in ("run_id", "created") if key in previous})
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
-    path = os.path.join(trainer.args.output_dir, RUN_INFO_NAME)
-    temporary = os.path.join(trainer.args.output_dir, f".{RUN_INFO_NAME}.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(info, handle, indent=2)
-    os.replace(temporary, path)
+    atomic_write(os.path.join(trainer.args.output_dir, RUN_INFO_NAME), json.dumps(info, indent=2))
     return info
 
 
@@ -251,9 +248,9 @@ class TrajectoryWriter:
     """Append rollouts to a trajectory dataset on disk, one parquet shard per rollout, crash-safe.
 
     Each shard is written to `.{name}.tmp` in the same directory, synced to disk, then atomically renamed to
-    `shard-{rollout:06d}-rank{rank:02d}.parquet`. On creation, the writer removes this rank's temporary files left by
-    a crash and numbers its shards after the highest existing one of its rank, so a resumed run never overwrites what
-    an earlier one wrote.
+    `shard-{rollout:06d}-rank{rank:02d}.parquet` (`fileio.atomic_write`). On creation, the writer removes this rank's
+    temporary files left by a crash and numbers its shards after the highest existing one of its rank, so a resumed
+    run never overwrites what an earlier one wrote.
 
     Args:
         directory: The shards' folder (a run's `output_dir/trajectories`); created on the first write.
@@ -309,15 +306,7 @@ class TrajectoryWriter:
         rows = self.rows(batch, advantages or {}, rollout=rollout, global_step=global_step)
         table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
         name = f"shard-{rollout:06d}-rank{self.rank:02d}.parquet"
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, name)
-        temporary = os.path.join(self.directory, f".{name}.tmp")
-        with open(temporary, "wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the data is on disk before the name says the shard is complete
-        os.replace(temporary, path)
-        _fsync_directory(self.directory)  # ... and so is the rename
+        path = atomic_write(os.path.join(self.directory, name), lambda handle: pq.write_table(table, handle))
         self.next_rollout = rollout + 1
         return path
 
@@ -356,16 +345,6 @@ class TrajectoryWriter:
             "parent_id": None,
         }
         return [{**common, **row} for row in batch.to_rows(extra)]
-
-
-def _fsync_directory(directory: str) -> None:
-    if not hasattr(os, "O_DIRECTORY"):  # Windows cannot open a directory; its rename is durable enough
-        return
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def shard_files(directory: str) -> list[str]:
