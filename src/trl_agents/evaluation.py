@@ -242,16 +242,20 @@ def write_eval_result(run_dir: str | os.PathLike, result: dict[str, Any]) -> str
     return atomic_write(os.path.join(os.fspath(run_dir), EVAL_DIR, f"{name}.json"), json.dumps(result, indent=2))
 
 
-def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every evaluation record under `run_dir/eval/`, sorted by name ([] when there is none)."""
+def eval_result_paths(run_dir: str | os.PathLike) -> list[str]:
+    """The evaluation record files of a run, `run_dir/eval/*.json`, sorted by name ([] when there is none);
+    hidden files (the temporary ones of unfinished writes) are left out."""
     directory = os.path.join(os.fspath(run_dir), EVAL_DIR)
     if not os.path.isdir(directory):
         return []
+    return [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+            if name.endswith(".json") and not name.startswith(".")]
+
+
+def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every evaluation record under `run_dir/eval/`, sorted by name ([] when there is none)."""
     results = []
-    for file_name in sorted(os.listdir(directory)):
-        if file_name.startswith(".") or not file_name.endswith(".json"):  # temporary files of unfinished writes
-            continue
-        path = os.path.join(directory, file_name)
+    for path in eval_result_paths(run_dir):
         try:
             with open(path) as handle:
                 results.append(json.load(handle))
@@ -262,9 +266,6 @@ def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 def run_config_hash(run_dir: str | os.PathLike) -> str | None:
     """`config_hash` of `run_dir/run_info.json`, or None when `run_dir` is no local run directory with one."""
-    from .records import RUN_INFO_NAME, read_run_info  # (datasets is imported there: only when needed)
+    from .records import read_run_info  # (datasets is imported there: only when needed)
 
-    run_dir = os.fspath(run_dir)
-    if not os.path.isfile(os.path.join(run_dir, RUN_INFO_NAME)):
-        return None
-    return read_run_info(run_dir).get("config_hash")
+    return read_run_info(run_dir, missing_ok=True).get("config_hash")

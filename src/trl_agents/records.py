@@ -188,26 +188,35 @@ def write_run_info(trainer) -> dict[str, Any]:
     `created` are kept, and the config fields (and hash) are updated to the ones running now.
     """
     info = build_run_info(trainer)
-    previous = read_run_info(trainer.args.output_dir) if _has_run_info(trainer.args.output_dir) else {}
+    previous = read_run_info(trainer.args.output_dir, missing_ok=True)
     info.update({key: previous[key] for key in ("run_id", "created") if key in previous})
     atomic_write(os.path.join(trainer.args.output_dir, RUN_INFO_NAME), json.dumps(info, indent=2))
     return info
 
 
-def read_run_info(run_dir: str) -> dict[str, Any]:
-    """The `run_info.json` of a run directory."""
+def read_run_info(run_dir: str | os.PathLike, *, missing_ok: bool = False) -> dict[str, Any]:
+    """The `run_info.json` of a run directory.
+
+    Args:
+        run_dir: The run directory (a trainer's `output_dir`).
+        missing_ok: Return {} when there is no `run_info.json` (e.g. a Hub id or a run of an older version) instead
+            of raising `FileNotFoundError`.
+
+    Example:
+        >>> import tempfile
+        >>> read_run_info(tempfile.mkdtemp(), missing_ok=True)
+        {}
+    """
     path = os.path.join(run_dir, RUN_INFO_NAME)
     if not os.path.isfile(path):
+        if missing_ok:
+            return {}
         raise FileNotFoundError(
             f"{run_dir!r} has no {RUN_INFO_NAME}: it is written by AgentGRPOTrainer.train() (trl-agents >= 0.1) "
             "into the trainer's output_dir; pass a run directory."
         )
     with open(path) as handle:
         return json.load(handle)
-
-
-def _has_run_info(run_dir: str) -> bool:
-    return os.path.isfile(os.path.join(run_dir, RUN_INFO_NAME))
 
 
 def _method_name(trainer) -> str:
