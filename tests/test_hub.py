@@ -18,8 +18,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from datasets import Dataset
@@ -28,7 +26,7 @@ import trl_agents
 from trl_agents.cli import main
 from trl_agents.hub import eval_result_files, push_run, render_model_card
 from trl_agents.loopback import LoopbackHubServer
-from trl_agents.records import shard_files
+from trl_agents.records import load_trajectories
 
 PACKAGE_PARENT = str(Path(trl_agents.__file__).resolve().parents[1])
 TOKEN = "hf_loopback_token"
@@ -112,11 +110,6 @@ def result_of(done: subprocess.CompletedProcess) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
 
 
-def local_rows(run_dir: Path) -> list[dict]:
-    tables = [pq.read_table(path) for path in shard_files(str(run_dir / "trajectories"))]
-    return pa.concat_tables(tables, promote_options="default").to_pylist()
-
-
 # ---- round trips ---------------------------------------------------------------------------------------------------
 
 PUSH_AND_READ_BACK = """
@@ -169,7 +162,7 @@ def test_push_run_round_trip(runs, tmp_path):
     assert not any(name.startswith("trajectories/") for name in result["files"])
     assert result["agent_config"] == json.loads((run_dir / "agent_config.json").read_text())
     # trajectories -> load_dataset returns identical rows
-    assert result["rows"] == local_rows(run_dir) and len(result["rows"]) == 8
+    assert result["rows"] == load_trajectories(str(run_dir)).to_list() and len(result["rows"]) == 8
     # eval results -> model-index parsed by huggingface_hub, and .eval_results/*.yaml
     expected = sorted((name, metric, value) for name, values in EVAL_RESULTS.items()
                       for metric, value in values["metrics"].items())

@@ -52,7 +52,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineMod
 from huggingface_hub.utils import validate_repo_id
 
 from .evaluation import EVAL_DIR, eval_result_paths, read_eval_results
-from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, read_run_info, shard_files
+from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, TRAJECTORY_FEATURES, read_run_info, shard_files
 
 LEARNING_CURVE_NAME = "learning_curve.png"
 # Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
@@ -305,14 +305,11 @@ def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_
                        private: bool) -> RepoUrl:
     """Push the shards as one `train` split, then replace the card `datasets` wrote with ours (keeping its metadata).
     Returns the dataset's `RepoUrl`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from datasets import Dataset, Features
+    from datasets import Dataset
 
-    # One schema for all shards: a column that is all-null in one rollout (e.g. `error`) takes its type from the
-    # others. Loaded through the datasets cache (memory-mapped), so long runs need not fit in memory.
-    schema = pa.unify_schemas([pq.read_schema(path) for path in shards], promote_options="default")
-    steps = Dataset.from_parquet(shards, features=Features.from_arrow_schema(schema))
+    # Every shard has the documented schema (records.TRAJECTORY_SCHEMA). Loaded through the datasets cache
+    # (memory-mapped), so long runs need not fit in memory.
+    steps = Dataset.from_parquet(shards, features=TRAJECTORY_FEATURES)
     url = api.create_repo(dataset_repo_id, repo_type="dataset", private=private, exist_ok=True)
     steps.push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
     pushed = DatasetCard.load(url.repo_id, token=api.token)
