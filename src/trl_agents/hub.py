@@ -55,6 +55,7 @@ from .evaluation import EVAL_DIR, eval_result_paths, read_eval_results
 from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, TRAJECTORY_FEATURES, read_run_info, shard_files
 
 LEARNING_CURVE_NAME = "learning_curve.png"
+DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
 # Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
 BENCHMARK_NAMESPACE = "trl-agents"
 METRIC_NAMES = {
@@ -84,7 +85,7 @@ def push_run(
     private: bool = False,
     dataset_repo_id: str | None = None,
     push_trajectories: bool = True,
-    commit_message: str = "Upload trl-agents run",
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
 ) -> dict[str, str | None]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
