@@ -24,7 +24,8 @@ from datasets import Dataset
 
 import trl_agents
 from trl_agents.cli import main
-from trl_agents.hub import eval_result_files, push_run, render_model_card
+from trl_agents.evaluation import EVAL_METRICS
+from trl_agents.hub import METRIC_NAMES, eval_result_files, push_run, render_model_card
 from trl_agents.loopback import LoopbackHubServer
 from trl_agents.records import load_trajectories
 
@@ -380,6 +381,10 @@ def test_card_without_records_has_no_empty_sections(tmp_path):
     assert "No evaluation results were recorded" in card.text
     assert "Citation" not in card.text and "run_info.json" not in card.text and "load_dataset" not in card.text
     assert card.data.eval_results is None and card.data.tags == ["trl", "trl-agents", "reinforcement-learning"]
+
+
+def test_every_eval_metric_has_a_display_name():
+    assert set(METRIC_NAMES) == set(EVAL_METRICS)
 
 
 def test_eval_result_files_parse_back():

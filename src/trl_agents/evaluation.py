@@ -40,11 +40,12 @@ EVAL_DIR = "eval"
 # The metrics of an evaluation (plus `pass_at_k` for sampled evaluations): what `write_eval_result` stores under
 # "metrics" and what the model card shows.
 EVAL_METRICS = ("success_rate", "episode_return", "episode_length", "valid_action_rate")
-# The other fields of an eval result file, in the order they are written.
-EVAL_RESULT_FIELDS = (
-    "name", "env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns",
-    "train_max_turns", "metrics", "model", "config_hash", "created", "trl_agents_version",
+# The settings of an evaluation, copied from the `evaluate_policy` result into its record.
+EVAL_SETTINGS = (
+    "env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns", "train_max_turns",
 )
+# The fields of an eval result file, in the order they are written.
+EVAL_RESULT_FIELDS = ("name", *EVAL_SETTINGS, "metrics", "model", "config_hash", "created", "trl_agents_version")
 
 
 def evaluate_policy(
@@ -195,9 +196,7 @@ def to_eval_result(
 
     if config_hash is None:
         config_hash = run_config_hash(model)
-    settings = ("env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns",
-                "train_max_turns")
-    missing = [key for key in (*settings, *EVAL_METRICS) if key not in result]
+    missing = [key for key in (*EVAL_SETTINGS, *EVAL_METRICS) if key not in result]
     if missing:
         raise ValueError(f"to_eval_result: the result lacks {', '.join(missing)}; pass what evaluate_policy returned")
     metrics = {key: result[key] for key in EVAL_METRICS}
@@ -206,7 +205,7 @@ def to_eval_result(
         "name": name or eval_result_name(
             result["env"], result["split"], result["greedy"], result["max_turns"], result["train_max_turns"]
         ),
-        **{key: result[key] for key in settings},
+        **{key: result[key] for key in EVAL_SETTINGS},
         "metrics": metrics,
         "model": str(model),
         "config_hash": config_hash,

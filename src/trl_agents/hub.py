@@ -51,13 +51,14 @@ from huggingface_hub import (
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
-from .evaluation import EVAL_DIR, eval_result_paths, read_eval_results
+from .evaluation import EVAL_DIR, EVAL_METRICS, eval_result_paths, read_eval_results
 from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, TRAJECTORY_FEATURES, read_run_info, shard_files
 
 LEARNING_CURVE_NAME = "learning_curve.png"
 DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
 # Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
 BENCHMARK_NAMESPACE = "trl-agents"
+# Display names of `evaluation.EVAL_METRICS` (tests/test_hub.py checks that every metric has one).
 METRIC_NAMES = {
     "success_rate": "Success rate",
     "episode_return": "Mean episode return",
@@ -433,7 +434,7 @@ def _eval_row(result: dict[str, Any]) -> dict[str, Any]:
         "name": result.get("name", "-"), "split": result.get("split", "-"), "num_tasks": result.get("num_tasks", "-"),
         "num_episodes": result.get("num_episodes", "-"), "max_turns": result.get("max_turns", "-"),
         "decoding": decoding + (f", {samples} samples" if samples > 1 else ""),
-        **{key: number(key) for key in METRIC_NAMES}, "pass_at_k": number(f"pass_at_{samples}"),
+        **{key: number(key) for key in EVAL_METRICS}, "pass_at_k": number(f"pass_at_{samples}"),
     }
 
 
