@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from helpers import free_port
 
 from trl_agents.envs import make_env
 from trl_agents.envs.adapters.openenv import (
@@ -214,12 +215,6 @@ def test_a_full_server_refuses_the_session_clearly():
 
 
 # ---- OpenEnv: error paths without a (working) server ---------------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_refused_connection_names_the_url_quickly():

@@ -182,12 +182,15 @@ def test_evaluate_metric_loads_offline_and_matches_summarize(tokenizer, scripted
 def checkpoint(tiny_model_dir, tmp_path):
     """A run directory as training leaves it: the tiny model, agent_config.json (trained at 2 turns) and
     run_info.json."""
+    from trl_agents import AgentGRPOConfig
+    from trl_agents.testing import tiny_training_config
+    from trl_agents.trainers.agent_grpo import save_agent_config
+
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run_dir, ignore=shutil.ignore_patterns("eval"))  # (other tests evaluate it)
-    agent = {"env_name": "test-keyword", "env_kwargs": {}, "max_turns": 2, "history_length": 1, "row_format": "step",
-             "system_prompt": None, "max_prompt_length": None, "max_completion_length": 3,
-             "chat_template_kwargs": None}
-    (run_dir / "agent_config.json").write_text(json.dumps(agent))
+    trained = tiny_training_config(AgentGRPOConfig, run_dir, env_name="test-keyword", max_turns=2, history_length=1,
+                                   max_completion_length=3)
+    save_agent_config(trained, str(run_dir))
     (run_dir / "run_info.json").write_text(json.dumps({"method": "grpo", "config_hash": "feedfacecafebeef"}))
     return run_dir
 

@@ -12,25 +12,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from datasets import Dataset
+from helpers import checkout_env, free_port
 
 import trl_agents
 from trl_agents.cli import main
-from trl_agents.hub import eval_result_files, push_run, render_model_card
+from trl_agents.evaluation import EVAL_METRICS, to_eval_result, write_eval_result
+from trl_agents.hub import METRIC_NAMES, eval_result_files, push_run, render_model_card
 from trl_agents.loopback import LoopbackHubServer
-from trl_agents.records import shard_files
+from trl_agents.records import load_trajectories
 
-PACKAGE_PARENT = str(Path(trl_agents.__file__).resolve().parents[1])
 TOKEN = "hf_loopback_token"
 EVAL_RESULTS = {
     "keyword-eval-greedy": {"greedy": True, "num_samples": 1, "num_episodes": 8,
@@ -55,12 +53,11 @@ def write_run_records(run_dir: Path, method: str = "gigpo", base_model: str = "Q
                 "config_hash": "0123456789abcdef", "trl_agents_version": trl_agents.__version__,
                 "trl_version": "1.16.0", "created": "2026-01-02T03:04:05+00:00"}
     (run_dir / "run_info.json").write_text(json.dumps(run_info))
-    (run_dir / "eval").mkdir(exist_ok=True)
     for name, values in EVAL_RESULTS.items():
-        result = {"name": name, "env": "test-keyword", "split": "eval", "num_tasks": 8, "temperature": 1.0,
-                  "max_turns": 2, "train_max_turns": 2, "model": str(run_dir), "config_hash": "0123456789abcdef",
-                  "created": "2026-01-02T03:04:05+00:00", "trl_agents_version": trl_agents.__version__, **values}
-        (run_dir / "eval" / f"{name}.json").write_text(json.dumps(result))
+        settings = {key: value for key, value in values.items() if key != "metrics"}
+        result = {"env": "test-keyword", "split": "eval", "num_tasks": 8, "temperature": 1.0, "max_turns": 2,
+                  "train_max_turns": 2, **settings, **values["metrics"]}  # as evaluate_policy returns it
+        write_eval_result(run_dir, to_eval_result(result, model=str(run_dir), name=name))
     history = {"rl": [{"step": 1, "env/success_rate": 0.25}]}
     evals = {"method": method, "env": "test-keyword", "seed": 0, "eval_before_rl": {"success_rate": 0.25},
              "eval_after_rl": {"success_rate": 0.375}}
@@ -101,20 +98,14 @@ def tree_hash(folder: Path) -> str:
 
 
 def run_python(env: dict[str, str], code: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**env, "PYTHONPATH": os.pathsep.join([PACKAGE_PARENT, env.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=checkout_env(env),
+                          capture_output=True, text=True, timeout=600, check=False)
 
 
 def result_of(done: subprocess.CompletedProcess) -> dict:
     """The JSON the client printed on its last line (`RESULT {...}`)."""
     assert done.returncode == 0, done.stderr[-6000:]
     return json.loads(done.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
-
-
-def local_rows(run_dir: Path) -> list[dict]:
-    tables = [pq.read_table(path) for path in shard_files(str(run_dir / "trajectories"))]
-    return pa.concat_tables(tables, promote_options="default").to_pylist()
 
 
 # ---- round trips ---------------------------------------------------------------------------------------------------
@@ -169,7 +160,7 @@ def test_push_run_round_trip(runs, tmp_path):
     assert not any(name.startswith("trajectories/") for name in result["files"])
     assert result["agent_config"] == json.loads((run_dir / "agent_config.json").read_text())
     # trajectories -> load_dataset returns identical rows
-    assert result["rows"] == local_rows(run_dir) and len(result["rows"]) == 8
+    assert result["rows"] == load_trajectories(str(run_dir)).to_list() and len(result["rows"]) == 8
     # eval results -> model-index parsed by huggingface_hub, and .eval_results/*.yaml
     expected = sorted((name, metric, value) for name, values in EVAL_RESULTS.items()
                       for metric, value in values["metrics"].items())
@@ -271,19 +262,13 @@ PUSH_WITH_THE_CLI = """
 """
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_unreachable_endpoint_and_refused_token_are_clear_errors(runs, tmp_path):
     run_dir = runs["full"]
     before = tree_hash(run_dir)
     with LoopbackHubServer(token=TOKEN) as hub:
         env = hub.client_env(str(tmp_path))
-        endpoint = f"http://127.0.0.1:{closed_port()}"
+        endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
         unreachable = run_python({**env, "HF_ENDPOINT": endpoint}, PUSH_WITH_THE_CLI, str(run_dir), "--repo", "a/b")
         refused = run_python(hub.client_env(str(tmp_path), token="hf_wrong"), PUSH_WITH_THE_CLI, str(run_dir),
                              "--repo", "tester/tiny-agent")
@@ -387,6 +372,10 @@ def test_card_without_records_has_no_empty_sections(tmp_path):
     assert "No evaluation results were recorded" in card.text
     assert "Citation" not in card.text and "run_info.json" not in card.text and "load_dataset" not in card.text
     assert card.data.eval_results is None and card.data.tags == ["trl", "trl-agents", "reinforcement-learning"]
+
+
+def test_every_eval_metric_has_a_display_name():
+    assert set(METRIC_NAMES) == set(EVAL_METRICS)
 
 
 def test_eval_result_files_parse_back():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import defaultdict
@@ -36,29 +35,20 @@ TIMING_KEYS = ("step_time", "hidden_state_seconds", "train_runtime", "train_samp
                "train_steps_per_second")
 
 sys.path.insert(0, str(Path(__file__).parent))
+from helpers import checkout_env, free_port
 from multiprocess_worker import CASES, NUM_GENERATIONS
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(command: list[str]) -> None:
-    import trl_agents
-
-    env = dict(os.environ)
     # The workers import the trl_agents under test (this checkout's), whatever the installed one is.
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(trl_agents.__file__).parents[1]), env.get("PYTHONPATH", "")])
-    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, check=False, env=checkout_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
 
 
 def _accelerate_launch(*arguments: str) -> list[str]:
     """`accelerate launch` with the two-process CPU config, on a free port (tests may run side by side)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
-            "--main_process_port", str(_free_port()), *arguments]
+            "--main_process_port", str(free_port()), *arguments]
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +66,12 @@ def runs(tiny_model_dir, tmp_path_factory):
 
 def _rollout_files(case_dir: Path) -> dict[tuple[int, int], list[dict]]:
     """(rollout index, rank) -> the step rows that process saved."""
-    from datasets import Dataset
+    from trl_agents.records import SHARD_PATTERN, load_trajectories, shard_files
 
     files = {}
-    for path in sorted((case_dir / "trajectories").glob("shard-*.parquet")):
-        _, index, rank = path.stem.split("-")
-        files[(int(index), int(rank.removeprefix("rank")))] = list(Dataset.from_parquet(str(path)))
+    for path in shard_files(str(case_dir / "trajectories")):
+        index, rank = SHARD_PATTERN.match(os.path.basename(path)).groups()
+        files[(int(index), int(rank))] = load_trajectories(path).to_list()
     return files
 
 

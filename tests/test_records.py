@@ -12,6 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, Features
+from helpers import checkout_env
 
 from trl_agents import records
 from trl_agents.records import (
@@ -304,7 +305,7 @@ def test_a_run_killed_mid_write_keeps_its_shards_and_resumes_after_them(tiny_mod
     output_dir = tmp_path / "run"
     arguments = [tiny_model_dir, str(output_dir), json.dumps(CRASH_SETTINGS), json.dumps(CRASH_TASKS)]
     killed = subprocess.run([sys.executable, "-c", CRASHING_RUN, *arguments], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=600, check=False)
+                            env=checkout_env(), timeout=600, check=False)
     assert killed.returncode == 17, killed.stderr[-3000:]
     shards = output_dir / "trajectories"
     assert sorted(os.listdir(shards)) == [

@@ -213,7 +213,7 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
 def push(argv: list[str]) -> dict[str, str | None]:
     """`trl-agents push RUN_DIR --repo USER/NAME`: the run's model (or LoRA adapter), model card, eval results and
     trajectories to the Hub (see `trl_agents.hub.push_run`)."""
-    from .hub import push_run
+    from .hub import DEFAULT_COMMIT_MESSAGE, push_run
 
     parser = argparse.ArgumentParser(prog="trl-agents push", description=push.__doc__)
     parser.add_argument("run_dir", help="output_dir of a training run (after trainer.save_model / trl-agents train)")
@@ -222,22 +222,17 @@ def push(argv: list[str]) -> dict[str, str | None]:
     parser.add_argument("--private", action="store_true", help="create the repos private")
     parser.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or `hf auth login`)")
     parser.add_argument("--no_trajectories", action="store_true", help="do not push RUN_DIR/trajectories")
-    parser.add_argument("--commit_message", default="Upload trl-agents run", help="message of the model commit")
+    parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE, help="message of the model commit")
     args = parser.parse_args(argv)
-    try:
-        urls = push_run(
-            args.run_dir,
-            args.repo,
-            token=args.token,
-            private=args.private,
-            dataset_repo_id=args.dataset_repo,
-            push_trajectories=not args.no_trajectories,
-            commit_message=args.commit_message,
-        )
-    except (PermissionError, ConnectionError) as err:  # (ValueError is reported by `main`)
-        if os.environ.get("TRL_AGENTS_DEBUG"):
-            raise
-        raise SystemExit(f"trl-agents push: error: {err}") from None
+    urls = push_run(  # its errors (bad input, no or refused token, unreachable Hub) are reported by `main`
+        args.run_dir,
+        args.repo,
+        token=args.token,
+        private=args.private,
+        dataset_repo_id=args.dataset_repo,
+        push_trajectories=not args.no_trajectories,
+        commit_message=args.commit_message,
+    )
     print(f"model: {urls['model']}")
     if urls["dataset"]:
         print(f"trajectories: {urls['dataset']}")
@@ -328,9 +323,10 @@ def main(argv: list[str] | None = None) -> None:
             commands[command]()
         else:
             commands[command](rest)
-    except ValueError as err:
-        # Our validation errors name the field and the fix; a traceback would only bury that. TRL_AGENTS_DEBUG=1
-        # shows it anyway.
+    except (ValueError, PermissionError, ConnectionError) as err:
+        # Our validation errors name the field and the fix, and the Hub's refused or missing token and unreachable
+        # endpoint (`trl-agents push`) name the fix too; a traceback would only bury that. TRL_AGENTS_DEBUG=1 shows
+        # it anyway.
         if os.environ.get("TRL_AGENTS_DEBUG"):
             raise
         raise SystemExit(f"trl-agents {command}: error: {err}") from None

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .envs import get_env_class
+from .fileio import atomic_write
 from .metrics import mean_pass_at_k
 from .rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from .rollout.generators import Generator
@@ -39,11 +40,12 @@ EVAL_DIR = "eval"
 # The metrics of an evaluation (plus `pass_at_k` for sampled evaluations): what `write_eval_result` stores under
 # "metrics" and what the model card shows.
 EVAL_METRICS = ("success_rate", "episode_return", "episode_length", "valid_action_rate")
-# The other fields of an eval result file, in the order they are written.
-EVAL_RESULT_FIELDS = (
-    "name", "env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns",
-    "train_max_turns", "metrics", "model", "config_hash", "created", "trl_agents_version",
+# The settings of an evaluation, copied from the `evaluate_policy` result into its record.
+EVAL_SETTINGS = (
+    "env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns", "train_max_turns",
 )
+# The fields of an eval result file, in the order they are written.
+EVAL_RESULT_FIELDS = ("name", *EVAL_SETTINGS, "metrics", "model", "config_hash", "created", "trl_agents_version")
 
 
 def evaluate_policy(
@@ -191,9 +193,7 @@ def to_eval_result(
 
     if config_hash is None:
         config_hash = run_config_hash(model)
-    settings = ("env", "split", "num_tasks", "num_episodes", "greedy", "temperature", "num_samples", "max_turns",
-                "train_max_turns")
-    missing = [key for key in (*settings, *EVAL_METRICS) if key not in result]
+    missing = [key for key in (*EVAL_SETTINGS, *EVAL_METRICS) if key not in result]
     if missing:
         raise ValueError(f"to_eval_result: the result lacks {', '.join(missing)}; pass what evaluate_policy returned")
     metrics = {key: result[key] for key in EVAL_METRICS}
@@ -202,7 +202,7 @@ def to_eval_result(
         "name": name or eval_result_name(
             result["env"], result["split"], result["greedy"], result["max_turns"], result["train_max_turns"]
         ),
-        **{key: result[key] for key in settings},
+        **{key: result[key] for key in EVAL_SETTINGS},
         "metrics": metrics,
         "model": str(model),
         "config_hash": config_hash,
@@ -235,28 +235,23 @@ def write_eval_result(run_dir: str | os.PathLike, result: dict[str, Any]) -> str
     name = str(result["name"])
     if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
         raise ValueError(f"write_eval_result: name {name!r} must be a file name (no path separator, no leading '.')")
+    return atomic_write(os.path.join(os.fspath(run_dir), EVAL_DIR, f"{name}.json"), json.dumps(result, indent=2))
+
+
+def eval_result_paths(run_dir: str | os.PathLike) -> list[str]:
+    """The evaluation record files of a run, `run_dir/eval/*.json`, sorted by name ([] when there is none);
+    hidden files (the temporary ones of unfinished writes) are left out."""
     directory = os.path.join(os.fspath(run_dir), EVAL_DIR)
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{name}.json")
-    temporary = os.path.join(directory, f".{name}.json.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(result, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+    if not os.path.isdir(directory):
+        return []
+    return [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+            if name.endswith(".json") and not name.startswith(".")]
 
 
 def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Every evaluation record under `run_dir/eval/`, sorted by name ([] when there is none)."""
-    directory = os.path.join(os.fspath(run_dir), EVAL_DIR)
-    if not os.path.isdir(directory):
-        return []
     results = []
-    for file_name in sorted(os.listdir(directory)):
-        if file_name.startswith(".") or not file_name.endswith(".json"):  # temporary files of unfinished writes
-            continue
-        path = os.path.join(directory, file_name)
+    for path in eval_result_paths(run_dir):
         try:
             with open(path) as handle:
                 results.append(json.load(handle))
@@ -267,9 +262,6 @@ def read_eval_results(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 def run_config_hash(run_dir: str | os.PathLike) -> str | None:
     """`config_hash` of `run_dir/run_info.json`, or None when `run_dir` is no local run directory with one."""
-    from .records import RUN_INFO_NAME, read_run_info  # (datasets is imported there: only when needed)
+    from .records import read_run_info  # (datasets is imported there: only when needed)
 
-    run_dir = os.fspath(run_dir)
-    if not os.path.isfile(os.path.join(run_dir, RUN_INFO_NAME)):
-        return None
-    return read_run_info(run_dir).get("config_hash")
+    return read_run_info(run_dir, missing_ok=True).get("config_hash")

@@ -51,12 +51,14 @@ from huggingface_hub import (
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
 from huggingface_hub.utils import validate_repo_id
 
-from .evaluation import read_eval_results
-from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, shard_files
+from .evaluation import EVAL_DIR, EVAL_METRICS, eval_result_paths, read_eval_results
+from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, TRAJECTORY_FEATURES, read_run_info, shard_files
 
 LEARNING_CURVE_NAME = "learning_curve.png"
+DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
 # Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
 BENCHMARK_NAMESPACE = "trl-agents"
+# Display names of `evaluation.EVAL_METRICS` (tests/test_hub.py checks that every metric has one).
 METRIC_NAMES = {
     "success_rate": "Success rate",
     "episode_return": "Mean episode return",
@@ -84,7 +86,7 @@ def push_run(
     private: bool = False,
     dataset_repo_id: str | None = None,
     push_trajectories: bool = True,
-    commit_message: str = "Upload trl-agents run",
+    commit_message: str = DEFAULT_COMMIT_MESSAGE,
 ) -> dict[str, str | None]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
@@ -112,6 +114,7 @@ def push_run(
     if dataset_repo_id is not None or shards:
         check_repo_id(dataset_repo_id or f"{repo_id}-trajectories", "--dataset_repo")
     token = _token_or_error(token)
+    run_info, eval_results = read_run_info(run_dir, missing_ok=True), read_eval_results(run_dir)
     api = HfApi(token=token)
     with _clear_hub_errors(api.endpoint, run_dir, has_token=token is not None):
         # First, as it checks the token and the endpoint. `name` alone gets the user's namespace.
@@ -119,24 +122,34 @@ def push_run(
         dataset_url = None
         if shards:
             dataset_repo_id = dataset_repo_id or f"{model_url.repo_id}-trajectories"
-            dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_dir, private)
+            dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_info, private)
         dataset_repo_id = dataset_url.repo_id if dataset_url else None
-        card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id)
+        card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id, run_info=run_info,
+                                 eval_results=eval_results)
         operations = [CommitOperationAdd(path_in_repo, path) for path_in_repo, path in files]
         operations.append(CommitOperationAdd("README.md", str(card).encode()))
-        for name, entries in eval_result_files(read_eval_results(run_dir), str(model_url)).items():
+        for name, entries in eval_result_files(eval_results, str(model_url)).items():
             operations.append(CommitOperationAdd(f".eval_results/{name}.yaml", entries.encode()))
         commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message)
     return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit.commit_url}
 
 
-def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_id: str | None = None) -> ModelCard:
+def render_model_card(
+    run_dir: str,
+    repo_id: str | None = None,
+    *,
+    dataset_repo_id: str | None = None,
+    run_info: dict[str, Any] | None = None,
+    eval_results: list[dict[str, Any]] | None = None,
+) -> ModelCard:
     """The model card of a run, from `model_cards/model_card.md`, as a `huggingface_hub.ModelCard`.
 
     Args:
-        run_dir: The run directory (reads `run_info.json`, `agent_config.json`, `eval/*.json`, adapter/model config).
+        run_dir: The run directory (reads `run_info.json`, `agent_config.json`, `eval/*.json`, adapter config).
         repo_id: The model's Hub id, for the usage snippet (default: the run directory's path).
         dataset_repo_id: The trajectory dataset to link and list under `datasets:`.
+        run_info: The run's `run_info.json` content, when the caller read it already (default: read from run_dir).
+        eval_results: The run's `read_eval_results`, when the caller read them already (default: read from run_dir).
 
     Example:
         >>> import json, pathlib, tempfile
@@ -147,15 +160,17 @@ def render_model_card(run_dir: str, repo_id: str | None = None, *, dataset_repo_
         >>> card.data.base_model, card.data.tags
         ('Qwen/Qwen2.5-0.5B-Instruct', ['trl', 'trl-agents', 'gigpo', 'sokoban', 'reinforcement-learning'])
     """
-    run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
-    agent_config = _read_json(os.path.join(run_dir, "agent_config.json"))
-    adapter_config = _read_json(os.path.join(run_dir, "adapter_config.json"))
+    from .trainers.agent_grpo import load_agent_config
+
+    run_info = read_run_info(run_dir, missing_ok=True) if run_info is None else run_info
+    results = read_eval_results(run_dir) if eval_results is None else eval_results
+    agent_config = load_agent_config(run_dir)
+    adapter_config = _adapter_config(run_dir)
     config = run_info.get("config") or {}
     method = _method(run_info.get("method"))
     env = run_info.get("env") or agent_config.get("env_name")
     base_model = run_info.get("model") or adapter_config.get("base_model_name_or_path")
     base_model = base_model if base_model and _is_hub_id(base_model) else None
-    results = read_eval_results(run_dir)
     model_name = (repo_id or os.path.basename(os.path.abspath(run_dir))).split("/")[-1]
     tags = ["trl", "trl-agents", *(method.trainer_class._tag_names if method else [])]
     tags += [t for t in (run_info.get("method"), env, "reinforcement-learning") if t]
@@ -271,7 +286,8 @@ def check_repo_id(repo_id: str, argument: str) -> None:
 
 def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
     """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
-    hidden or temporary files) and `eval/*.json`. ValueError when the run holds no saved model or adapter."""
+    hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`) and `eval/*.json`.
+    ValueError when the run holds no saved model or adapter."""
     if not os.path.isdir(run_dir):
         raise ValueError(f"RUN_DIR {run_dir!r} is not a directory: give the `output_dir` of a training run.")
     names = {name for name in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, name))}
@@ -282,29 +298,22 @@ def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
             "+ adapter weights (LoRA). Save one with `trainer.save_model()` (`trl-agents train` does)."
         )
     files = [(name, os.path.join(run_dir, name)) for name in sorted(names)
-             if name != "README.md" and not name.startswith(".") and not name.endswith(".tmp")]
-    eval_folder = os.path.join(run_dir, "eval")
-    if os.path.isdir(eval_folder):
-        files += [(f"eval/{name}", os.path.join(eval_folder, name)) for name in sorted(os.listdir(eval_folder))
-                  if name.endswith(".json")]
+             if name != "README.md" and not name.startswith(".")]
+    files += [(f"{EVAL_DIR}/{os.path.basename(path)}", path) for path in eval_result_paths(run_dir)]
     return files
 
 
-def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_id: str, run_dir: str,
+def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_id: str, run_info: dict[str, Any],
                        private: bool) -> RepoUrl:
     """Push the shards as one `train` split, then replace the card `datasets` wrote with ours (keeping its metadata).
     Returns the dataset's `RepoUrl`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from datasets import Dataset, Features
+    from datasets import Dataset
 
-    # One schema for all shards: a column that is all-null in one rollout (e.g. `error`) takes its type from the
-    # others. Loaded through the datasets cache (memory-mapped), so long runs need not fit in memory.
-    schema = pa.unify_schemas([pq.read_schema(path) for path in shards], promote_options="default")
-    steps = Dataset.from_parquet(shards, features=Features.from_arrow_schema(schema))
+    # Every shard has the documented schema (records.TRAJECTORY_SCHEMA). Loaded through the datasets cache
+    # (memory-mapped), so long runs need not fit in memory.
+    steps = Dataset.from_parquet(shards, features=TRAJECTORY_FEATURES)
     url = api.create_repo(dataset_repo_id, repo_type="dataset", private=private, exist_ok=True)
     steps.push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
-    run_info = _read_json(os.path.join(run_dir, RUN_INFO_NAME))
     pushed = DatasetCard.load(url.repo_id, token=api.token)
     card = DatasetCard.from_template(
         pushed.data,
@@ -370,7 +379,9 @@ def _clear_hub_errors(endpoint: str, run_dir: str, has_token: bool) -> Iterator[
 # ---- reading the run -----------------------------------------------------------------------------------------------
 
 
-def _read_json(path: str) -> dict[str, Any]:
+def _adapter_config(run_dir: str) -> dict[str, Any]:
+    """PEFT's `adapter_config.json` of a LoRA run; {} for a full model."""
+    path = os.path.join(run_dir, "adapter_config.json")
     if not os.path.isfile(path):
         return {}
     with open(path) as handle:
@@ -423,7 +434,7 @@ def _eval_row(result: dict[str, Any]) -> dict[str, Any]:
         "name": result.get("name", "-"), "split": result.get("split", "-"), "num_tasks": result.get("num_tasks", "-"),
         "num_episodes": result.get("num_episodes", "-"), "max_turns": result.get("max_turns", "-"),
         "decoding": decoding + (f", {samples} samples" if samples > 1 else ""),
-        **{key: number(key) for key in METRIC_NAMES}, "pass_at_k": number(f"pass_at_{samples}"),
+        **{key: number(key) for key in EVAL_METRICS}, "pass_at_k": number(f"pass_at_{samples}"),
     }
 
 

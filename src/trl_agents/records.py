@@ -85,6 +85,7 @@ from datasets import Dataset, Features, List, Value
 
 from .credit.base import canonical_action
 from .envs.base import INFO_ROLE
+from .fileio import atomic_write
 from .trajectory import RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ RUN_INFO_NAME = "run_info.json"
 TRAJECTORIES_DIR = "trajectories"
 DEFAULT_ROLE = "agent"
 SHARD_PATTERN = re.compile(r"^shard-(\d{6,})-rank(\d{2,})\.parquet$")
+# The temporary name `atomic_write` gives a shard while writing it; one left behind is an interrupted write.
 TEMPORARY_PATTERN = re.compile(r"^\.shard-(\d{6,})-rank(\d{2,})\.parquet\.tmp$")
 
 _string, _int, _float, _bool = Value("string"), Value("int64"), Value("float64"), Value("bool")
@@ -186,31 +188,35 @@ def write_run_info(trainer) -> dict[str, Any]:
     `created` are kept, and the config fields (and hash) are updated to the ones running now.
     """
     info = build_run_info(trainer)
-    previous = read_run_info(trainer.args.output_dir) if _has_run_info(trainer.args.output_dir) else {}
+    previous = read_run_info(trainer.args.output_dir, missing_ok=True)
     info.update({key: previous[key] for key in ("run_id", "created") if key in previous})
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
-    path = os.path.join(trainer.args.output_dir, RUN_INFO_NAME)
-    temporary = os.path.join(trainer.args.output_dir, f".{RUN_INFO_NAME}.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(info, handle, indent=2)
-    os.replace(temporary, path)
+    atomic_write(os.path.join(trainer.args.output_dir, RUN_INFO_NAME), json.dumps(info, indent=2))
     return info
 
 
-def read_run_info(run_dir: str) -> dict[str, Any]:
-    """The `run_info.json` of a run directory."""
+def read_run_info(run_dir: str | os.PathLike, *, missing_ok: bool = False) -> dict[str, Any]:
+    """The `run_info.json` of a run directory.
+
+    Args:
+        run_dir: The run directory (a trainer's `output_dir`).
+        missing_ok: Return {} when there is no `run_info.json` (e.g. a Hub id or a run of an older version) instead
+            of raising `FileNotFoundError`.
+
+    Example:
+        >>> import tempfile
+        >>> read_run_info(tempfile.mkdtemp(), missing_ok=True)
+        {}
+    """
     path = os.path.join(run_dir, RUN_INFO_NAME)
     if not os.path.isfile(path):
+        if missing_ok:
+            return {}
         raise FileNotFoundError(
             f"{run_dir!r} has no {RUN_INFO_NAME}: it is written by AgentGRPOTrainer.train() (trl-agents >= 0.1) "
             "into the trainer's output_dir; pass a run directory."
         )
     with open(path) as handle:
         return json.load(handle)
-
-
-def _has_run_info(run_dir: str) -> bool:
-    return os.path.isfile(os.path.join(run_dir, RUN_INFO_NAME))
 
 
 def _method_name(trainer) -> str:
@@ -251,9 +257,9 @@ class TrajectoryWriter:
     """Append rollouts to a trajectory dataset on disk, one parquet shard per rollout, crash-safe.
 
     Each shard is written to `.{name}.tmp` in the same directory, synced to disk, then atomically renamed to
-    `shard-{rollout:06d}-rank{rank:02d}.parquet`. On creation, the writer removes this rank's temporary files left by
-    a crash and numbers its shards after the highest existing one of its rank, so a resumed run never overwrites what
-    an earlier one wrote.
+    `shard-{rollout:06d}-rank{rank:02d}.parquet` (`fileio.atomic_write`). On creation, the writer removes this rank's
+    temporary files left by a crash and numbers its shards after the highest existing one of its rank, so a resumed
+    run never overwrites what an earlier one wrote.
 
     Args:
         directory: The shards' folder (a run's `output_dir/trajectories`); created on the first write.
@@ -309,15 +315,7 @@ class TrajectoryWriter:
         rows = self.rows(batch, advantages or {}, rollout=rollout, global_step=global_step)
         table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
         name = f"shard-{rollout:06d}-rank{self.rank:02d}.parquet"
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, name)
-        temporary = os.path.join(self.directory, f".{name}.tmp")
-        with open(temporary, "wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the data is on disk before the name says the shard is complete
-        os.replace(temporary, path)
-        _fsync_directory(self.directory)  # ... and so is the rename
+        path = atomic_write(os.path.join(self.directory, name), lambda handle: pq.write_table(table, handle))
         self.next_rollout = rollout + 1
         return path
 
@@ -356,16 +354,6 @@ class TrajectoryWriter:
             "parent_id": None,
         }
         return [{**common, **row} for row in batch.to_rows(extra)]
-
-
-def _fsync_directory(directory: str) -> None:
-    if not hasattr(os, "O_DIRECTORY"):  # Windows cannot open a directory; its rename is durable enough
-        return
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def shard_files(directory: str) -> list[str]:

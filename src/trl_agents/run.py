@@ -40,6 +40,7 @@ from typing import Any
 from .callbacks import TimeBudgetCallback
 from .envs import get_env_class
 from .evaluation import evaluate_policy, to_eval_result, write_eval_result
+from .fileio import atomic_write
 from .trainers import get_method
 from .trainers.agent_grpo import as_dict
 
@@ -170,8 +171,8 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
         _print_eval("after RL", results["eval_after_rl"])
         print(f"[trl-agents] held-out success gain from RL: {100 * gain:+.1f} points "
               f"({results['rl_steps']} RL steps, {results['total_seconds']:.0f} s in total)")
-        _write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
-        _write_json(os.path.join(config.output_dir, "eval_results.json"), results)
+        atomic_write(os.path.join(config.output_dir, "metrics.json"), json.dumps(metrics, indent=2, default=str))
+        atomic_write(os.path.join(config.output_dir, "eval_results.json"), json.dumps(results, indent=2, default=str))
         write_eval_result(config.output_dir, to_eval_result(results["eval_after_rl"], model=config.output_dir))
         plot_learning_curve(metrics, results, os.path.join(config.output_dir, "learning_curve.png"))
     return results
@@ -324,13 +325,6 @@ def _print_eval(label: str, result: dict[str, Any]) -> None:
         f"[trl-agents] held-out success {label}: {result['success_rate']:.3f} on {result['num_tasks']} tasks "
         f"(mean length {result['episode_length']:.2f}, valid actions {result['valid_action_rate']:.3f})"
     )
-
-
-def _write_json(path: str, data: Any) -> None:
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as handle:
-        json.dump(data, handle, indent=2, default=str)
-    os.replace(temporary, path)
 
 
 def plot_learning_curve(metrics: dict[str, Any], results: dict[str, Any], path: str) -> None:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..fileio import atomic_write
 from ..trajectory import Group, Step, Trajectory
 from .base import (
     StepAdvantages,
@@ -205,10 +205,7 @@ class StateScoreTable:
 
     def save(self, path: str) -> None:
         """Write the table as JSON (via a temporary file, so a crash never leaves half a table)."""
-        temporary = f"{path}.tmp"
-        with open(temporary, "w") as handle:
-            json.dump(self.to_dict(), handle)
-        os.replace(temporary, path)
+        atomic_write(path, json.dumps(self.to_dict()))
 
     def load_counts(self, path: str) -> None:
         """Replace the statistics (counts and t) by those saved at `path`; the hyperparameters stay this table's."""

@@ -58,6 +58,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..fileio import atomic_write
 from .cache import cache_dir
 
 TASK_TYPES: tuple[str, ...] = (
@@ -842,13 +843,6 @@ def game_folder(seed: int, task_type: str, floor_plans: str, num_distractor_type
     return generated_games_root() / settings / task_type / f"seed-{seed}"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    # Several workers may generate the same game at once: each writes a private file and renames it into place.
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-
-
 def generate_game(
     seed: int,
     task_type: str | None = None,
@@ -927,9 +921,11 @@ def generate_game(
                 "note": "ALFWorld-style game: object placement sampled, not from THOR physics; not the benchmark split",
             },
         }
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(folder / "traj_data.json", json.dumps(traj_data, indent=1))
-        _write_atomically(folder / "game.tw-pddl", json.dumps(game))  # written last: its presence marks completion
+        # Several workers may generate the same game at once (concurrent: each writes a private temporary file).
+        # A cache: a game lost to a power cut is generated again, so no fsync (our choice: generation stays fast).
+        atomic_write(folder / "traj_data.json", json.dumps(traj_data, indent=1), fsync=False, concurrent=True)
+        # written last: its presence marks completion
+        atomic_write(folder / "game.tw-pddl", json.dumps(game), fsync=False, concurrent=True)
         return folder
     raise RuntimeError(
         f"No solvable ALFWorld-style game found for seed={seed}, task_type={task_type!r}, floor_plans={floor_plans!r} "

@@ -38,6 +38,7 @@ import threading
 from functools import lru_cache
 from typing import Any, ClassVar
 
+from ..fileio import atomic_write
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .cache import cache_dir
 from .parsing import extract_answer
@@ -191,9 +192,8 @@ def _variation_splits_json() -> str:
     finally:
         simulator.close()
     text = json.dumps(splits)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(text)
-    scratch.replace(path)
+    # A cache (asked again when lost, so no fsync) that parallel environment workers may fill at the same time.
+    atomic_write(path, text, fsync=False, concurrent=True)
     return text
 
 

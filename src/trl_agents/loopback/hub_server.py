@@ -66,13 +66,12 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-from .base import LoopbackHTTPServer
+from .base import Answer, LoopbackHTTPServer, RequestError
 
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores larger files with LFS whatever their type
 LFS_EXTENSIONS = (  # a subset of the Hub's default .gitattributes
@@ -100,18 +99,9 @@ _ROUTES = [  # (method, route name used by count(), path pattern); path patterns
 ]
 _ROUTES = [(method, name, re.compile(pattern)) for method, name, pattern in _ROUTES]
 _REPO_NAME = re.compile(r"^[\w][\w.\-]{0,94}$")
+_FRONT_MATTER = re.compile(r"^---\s*\n(.*?)\n---\s*(\n|$)", re.DOTALL)  # a card's YAML metadata block
 # model-index keys the Hub's card validation requires (hub-docs modelcard.md spec).
 _MODEL_INDEX_REQUIRED = {"task": ("type",), "dataset": ("type", "name"), "metric": ("type", "value")}
-
-
-class _RequestError(Exception):
-    """An error answer: HTTP status, message, the Hub's `X-Error-Code` when it has one, more headers and body keys."""
-
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None,
-                 body: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-        self.headers, self.body = headers or {}, body or {}
 
 
 @dataclass
@@ -162,7 +152,7 @@ class Repo:
         for commit in self.commits:
             if commit.oid == revision:
                 return commit
-        raise _RequestError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        raise RequestError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
     @property
     def url_prefix(self) -> str:
@@ -184,7 +174,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
     """
 
     def __init__(self, token: str | None = None, user: str = "tester"):
-        super().__init__(_Handler)
+        super().__init__()
         self.token = token
         self.user = user
         self.repos: dict[tuple[str, str], Repo] = {}
@@ -238,7 +228,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
 
     # ---- dispatch --------------------------------------------------------------------------------------------------
 
-    def handle(self, method: str, target: str, headers, body: bytes) -> tuple[int, dict[str, str], Any]:
+    def handle(self, method: str, target: str, headers, body: bytes) -> Answer:
         """Answer one request: (status, extra headers, JSON-able answer, or bytes for a raw body)."""
         parts = urlsplit(target)
         for route_method, name, pattern in _ROUTES:
@@ -248,23 +238,31 @@ class LoopbackHubServer(LoopbackHTTPServer):
         else:
             with self._lock:
                 self.requests.append((method, "unknown", parts.path))
-            raise _RequestError(404, f"loopback Hub: no route for {method} {parts.path}")
+            raise RequestError(404, f"loopback Hub: no route for {method} {parts.path}")
         with self._lock:
             self.requests.append((method, name, parts.path))
         authorized = headers.get("Authorization") == f"Bearer {self.token}"
         if self.token is not None and name != "lfs-upload" and not authorized:  # (the upload URL is "presigned")
-            raise _RequestError(401, "Invalid credentials in Authorization header")
+            raise RequestError(401, "Invalid credentials in Authorization header")
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         params = {key: value for key, value in match.groupdict().items() if value is not None}
         handler = getattr(self, "_" + name.replace("-", "_").replace("/", "_"))
         with self._lock:
             return handler(method=method, query=query, headers=headers, body=body, **params)
 
+    def error_answer(self, error: RequestError) -> Answer:
+        """The Hub's error answer: `{"error": message}` (plus body keys), `X-Error-Message` and `X-Error-Code`, which
+        huggingface_hub turns into its exceptions."""
+        headers = {**error.headers, "X-Error-Message": error.message}
+        if error.code:
+            headers["X-Error-Code"] = error.code
+        return error.status, headers, {"error": error.message, **error.body}
+
     def _repo(self, repo_type: str, repo_id: str) -> Repo:
         try:
             return self.repos[(repo_type, repo_id)]
         except KeyError:
-            raise _RequestError(404, "Repository not found", "RepoNotFound") from None
+            raise RequestError(404, "Repository not found", "RepoNotFound") from None
 
     def _repo_from(self, kind: str | None = None, prefix: str | None = None, repo_id: str = "") -> Repo:
         repo_type = REPO_TYPES[kind] if kind else ("dataset" if prefix else "model")
@@ -274,7 +272,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
 
     def _whoami_v2(self, headers, **_) -> tuple:
         if not headers.get("Authorization"):  # the Hub needs a token to tell who you are
-            raise _RequestError(401, "Invalid credentials in Authorization header")
+            raise RequestError(401, "Invalid credentials in Authorization header")
         access = {"displayName": "loopback", "role": "write"}
         return 200, {}, {"type": "user", "id": "0", "name": self.user, "fullname": self.user, "orgs": [],
                          "auth": {"type": "access_token", "accessToken": access}}
@@ -284,15 +282,14 @@ class LoopbackHubServer(LoopbackHTTPServer):
         name, namespace = request.get("name", ""), request.get("organization") or self.user
         repo_type = request.get("type") or "model"
         if repo_type not in REPO_TYPES.values():
-            raise _RequestError(400, f"loopback Hub: repo type {repo_type!r} is not supported (model, dataset)")
+            raise RequestError(400, f"loopback Hub: repo type {repo_type!r} is not supported (model, dataset)")
         if not _REPO_NAME.match(name) or "--" in name or ".." in name or name.endswith((".git", ".")):
-            raise _RequestError(400, f"Invalid repo name: {name!r}")
-        repo_id = f"{namespace}/{name}"
-        url = f"{self.url}/{'' if repo_type == 'model' else repo_type + 's/'}{repo_id}"
-        if (repo_type, repo_id) in self.repos:
-            raise _RequestError(409, "You already created this repo", body={"url": url})
+            raise RequestError(400, f"Invalid repo name: {name!r}")
         private = request.get("visibility", "private" if request.get("private") else "public") == "private"
-        repo = Repo(repo_type, repo_id, private, _now())
+        repo = Repo(repo_type, f"{namespace}/{name}", private, _now())
+        repo_id, url = repo.repo_id, f"{self.url}/{repo.url_prefix}{repo.repo_id}"
+        if (repo_type, repo_id) in self.repos:
+            raise RequestError(409, "You already created this repo", body={"url": url})
         repo.commits.append(Commit(_new_oid(), "initial commit", "", repo.created, {}))
         self.repos[(repo_type, repo_id)] = repo
         return 200, {}, {"url": url, "name": repo_id, "id": repo_id}
@@ -300,7 +297,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
     def _validate_yaml(self, body, **_) -> tuple:
         content = json.loads(body).get("content", "")
         errors = []
-        match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", content, re.DOTALL)
+        match = _FRONT_MATTER.match(content)
         if match:
             try:
                 metadata = yaml.safe_load(match.group(1)) or {}
@@ -331,7 +328,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
     def _preupload(self, kind, repo_id, revision, query, body, **_) -> tuple:
         repo = self._repo_from(kind, repo_id=repo_id)
         if query.get("create_pr"):
-            raise _RequestError(400, "loopback Hub: pull requests are not supported")
+            raise RequestError(400, "loopback Hub: pull requests are not supported")
         commit = repo.commit_at(revision)
         answers = []
         for entry in json.loads(body)["files"]:
@@ -348,7 +345,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
         self._repo_from(prefix=prefix, repo_id=repo_id)
         request = json.loads(body)
         if request.get("operation") != "upload":
-            raise _RequestError(400, "loopback Hub: only the LFS 'upload' operation is supported")
+            raise RequestError(400, "loopback Hub: only the LFS 'upload' operation is supported")
         objects = []
         for item in request.get("objects", []):
             answer = {"oid": item["oid"], "size": item["size"], "authenticated": True}
@@ -360,19 +357,19 @@ class LoopbackHubServer(LoopbackHTTPServer):
 
     def _lfs_upload(self, oid, body, **_) -> tuple:
         if hashlib.sha256(body).hexdigest() != oid:
-            raise _RequestError(400, f"LFS upload: the body does not hash to {oid}")
+            raise RequestError(400, f"LFS upload: the body does not hash to {oid}")
         self.lfs_objects[oid] = body
         return 200, {}, b""
 
     def _commit(self, kind, repo_id, revision, query, body, **_) -> tuple:
         repo = self._repo_from(kind, repo_id=repo_id)
         if query.get("create_pr"):
-            raise _RequestError(400, "loopback Hub: pull requests are not supported")
+            raise RequestError(400, "loopback Hub: pull requests are not supported")
         parent = repo.commit_at(revision)
         lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
         header = next((line["value"] for line in lines if line["key"] == "header"), {})
         if header.get("parentCommit") not in (None, parent.oid):
-            raise _RequestError(412, "A commit has happened since. Please refresh and try again.")
+            raise RequestError(412, "A commit has happened since. Please refresh and try again.")
         oid = _new_oid()
         files = dict(parent.files)
         for line in lines:
@@ -382,15 +379,15 @@ class LoopbackHubServer(LoopbackHTTPServer):
                 files[path] = StoredFile(base64.b64decode(value["content"]), False, oid)
             elif key == "lfsFile":
                 if value["oid"] not in self.lfs_objects:
-                    raise _RequestError(400, f"LFS object {value['oid']} of {path} was never uploaded")
+                    raise RequestError(400, f"LFS object {value['oid']} of {path} was never uploaded")
                 files[path] = StoredFile(self.lfs_objects[value["oid"]], True, oid)
             elif key == "deletedFile":
                 if files.pop(path, None) is None:
-                    raise _RequestError(404, f"cannot delete {path}: not in the repo", "EntryNotFound")
+                    raise RequestError(404, f"cannot delete {path}: not in the repo", "EntryNotFound")
             elif key == "deletedFolder":
                 files = {name: f for name, f in files.items() if not name.startswith(path.rstrip("/") + "/")}
             elif key != "header":
-                raise _RequestError(400, f"loopback Hub: commit operation {key!r} is not supported")
+                raise RequestError(400, f"loopback Hub: commit operation {key!r} is not supported")
         repo.commits.append(Commit(oid, header.get("summary", ""), header.get("description", ""), _now(), files))
         commit_url = f"{self.url}/{repo.url_prefix}{repo_id}/commit/{oid}"
         return 200, {}, {"success": True, "commitOid": oid, "commitUrl": commit_url, "pullRequestUrl": None}
@@ -405,7 +402,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
         prefix = folder + "/" if folder else ""
         below = [name for name in commit.files if name.startswith(prefix)]
         if folder and not below:
-            raise _RequestError(404, f"{folder} does not exist on main", "EntryNotFound")
+            raise RequestError(404, f"{folder} does not exist on main", "EntryNotFound")
         entries = {}
         for name in below:
             parts = name[len(prefix):].split("/")
@@ -443,7 +440,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
         commit = self._repo_from(prefix=prefix, repo_id=repo_id).commit_at(revision)
         stored = commit.files.get(unquote(path))
         if stored is None:
-            raise _RequestError(404, "Entry not found", "EntryNotFound", headers={"X-Repo-Commit": commit.oid})
+            raise RequestError(404, "Entry not found", "EntryNotFound", headers={"X-Repo-Commit": commit.oid})
         etag = f'"{stored.sha256 if stored.lfs else stored.git_oid}"'
         answer = {"X-Repo-Commit": commit.oid, "ETag": etag, "Accept-Ranges": "bytes"}
         if stored.lfs:
@@ -457,7 +454,7 @@ class LoopbackHubServer(LoopbackHTTPServer):
             last = min(int(end), size - 1) if start and end else size - 1
             if first >= size:
                 unsatisfiable = {"Content-Range": f"bytes */{size}"}
-                raise _RequestError(416, "Requested range not satisfiable", headers=unsatisfiable)
+                raise RequestError(416, "Requested range not satisfiable", headers=unsatisfiable)
             content, status = content[first : last + 1], 206
             answer["Content-Range"] = f"bytes {first}-{last}/{size}"
         return status, answer, content
@@ -494,7 +491,7 @@ def _model_index_errors(metadata: dict[str, Any]) -> list[str]:
 
 
 def _front_matter(card: str) -> dict[str, Any] | None:
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", card, re.DOTALL)
+    match = _FRONT_MATTER.match(card)
     try:
         return yaml.safe_load(match.group(1)) if match else None
     except yaml.YAMLError:
@@ -507,59 +504,3 @@ def _now() -> str:
 
 def _new_oid() -> str:
     return secrets.token_hex(20)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the Hub; every answer has a Content-Length
-
-    def log_message(self, *args) -> None:  # keep test output clean
-        pass
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            self.rfile.readline()  # the blank line after the last chunk
-            return b"".join(chunks)
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def _serve(self, method: str) -> None:
-        body = self._read_body()
-        app: LoopbackHubServer = self.server.app
-        try:
-            status, headers, answer = app.handle(method, self.path, self.headers, body)
-        except _RequestError as err:
-            status, answer = err.status, {"error": err.message, **err.body}
-            headers = {**err.headers, "X-Error-Message": err.message}
-            if err.code:
-                headers["X-Error-Code"] = err.code
-        except Exception as err:  # a bug in the server: say so instead of dropping the connection
-            status, headers, answer = 500, {}, {"error": f"loopback Hub: {type(err).__name__}: {err}"}
-        raw = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
-        self.send_response(status)
-        if not isinstance(answer, bytes):
-            headers.setdefault("Content-Type", "application/json")
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(raw)
-
-    def do_GET(self):
-        self._serve("GET")
-
-    def do_HEAD(self):
-        self._serve("HEAD")
-
-    def do_POST(self):
-        self._serve("POST")
-
-    def do_PUT(self):
-        self._serve("PUT")
-
-    def do_DELETE(self):
-        self._serve("DELETE")
-

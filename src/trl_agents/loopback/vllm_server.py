@@ -50,12 +50,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from ..rollout.vllm import SUPPORTED_VLLM_VERSION
-from .base import LoopbackHTTPServer
+from .base import Answer, LoopbackHTTPServer, RequestError
 
 LOAD_WEIGHTS_ROUTE = "/test/load_weights"
 LOGPROB_FLOOR = -9999.0  # vLLM clamps reported log-probs here (JSON has no -inf)
@@ -77,12 +76,6 @@ _UNSUPPORTED_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
 )
-
-
-class _RequestError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
 
 
 @dataclass
@@ -122,7 +115,7 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
     def __init__(self, model, tokenizer, model_name: str = "loopback-model", seed: int = 0):
         import torch
 
-        super().__init__(_Handler)
+        super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -173,9 +166,15 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
 
     # ---- dispatch --------------------------------------------------------------------------------------------------
 
-    def handle(self, method: str, target: str, body: dict[str, Any]) -> tuple[int, Any]:
-        """Answer one request: (HTTP status, JSON-able answer or None for an empty body)."""
+    def handle(self, method: str, target: str, headers, body: bytes) -> Answer:
+        """Answer one request: (HTTP status, no extra headers, JSON-able answer or None for an empty body)."""
         parts = urlsplit(target)
+        try:
+            body = json.loads(body) if body else {}
+        except json.JSONDecodeError:
+            return 400, {}, {"detail": "Invalid JSON format"}
+        if not isinstance(body, dict):
+            return 400, {}, {"detail": "The request body must be a JSON object"}
         with self._log_lock:
             self.requests.append((method, parts.path, body))
         routes = {
@@ -195,12 +194,15 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
         route = routes.get((method, parts.path))
         if route is None:
             if any(path == parts.path for _, path in routes):
-                return 405, {"detail": "Method Not Allowed"}
-            return 404, {"detail": "Not Found"}
-        try:
-            return 200, route()
-        except _RequestError as err:
-            return err.status, {"error": {"message": err.message, "type": err.kind, "param": None, "code": err.status}}
+                return 405, {}, {"detail": "Method Not Allowed"}
+            return 404, {}, {"detail": "Not Found"}
+        return 200, {}, route()
+
+    def error_answer(self, error: RequestError) -> Answer:
+        """vLLM's (OpenAI's) error body; `code` is the error type, `BadRequestError` by default."""
+        details = {"message": error.message, "type": error.code or "BadRequestError", "param": None,
+                   "code": error.status}
+        return error.status, {}, {"error": details}
 
     # ---- info routes -----------------------------------------------------------------------------------------------
 
@@ -237,14 +239,14 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
     def _completions(self, body: dict[str, Any]) -> dict[str, Any]:
         refused = [name for name in _UNSUPPORTED_FIELDS if body.get(name)]
         if refused:
-            raise _RequestError(400, f"The loopback vLLM server does not implement {', '.join(refused)}")
+            raise RequestError(400, f"The loopback vLLM server does not implement {', '.join(refused)}")
         if body.get("model") not in (None, self.model_name):
-            raise _RequestError(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
+            raise RequestError(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
         prompts = self._prompt_ids(body.get("prompt"))
         sampling = _sampling_of(body)
         for prompt in prompts:
             if len(prompt) + sampling.max_tokens > self.max_model_len:
-                raise _RequestError(
+                raise RequestError(
                     400,
                     f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                     f"{len(prompt) + sampling.max_tokens} tokens ({len(prompt)} in the messages, "
@@ -283,7 +285,7 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
         if isinstance(prompt, str):
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt:
-            raise _RequestError(400, "Either prompt or prompt_embeds must be provided and non-empty.")
+            raise RequestError(400, "Either prompt or prompt_embeds must be provided and non-empty.")
         if all(isinstance(token, int) for token in prompt):
             prompt = [prompt]
         prompts = []
@@ -291,7 +293,7 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
         for entry in prompt:
             ids = self.tokenizer.encode(entry) if isinstance(entry, str) else entry
             if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-                raise _RequestError(400, f"Each prompt must be a non-empty list of ids in [0, {vocab}), got {entry!r}")
+                raise RequestError(400, f"Each prompt must be a non-empty list of ids in [0, {vocab}), got {entry!r}")
             prompts.append(ids)
         return prompts
 
@@ -413,34 +415,34 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
 
     def _init_weight_transfer_engine(self, body: dict[str, Any]) -> dict[str, str]:
         if not isinstance(body.get("init_info"), dict):
-            raise _RequestError(422, "Missing 'init_info' in request body")
+            raise RequestError(422, "Missing 'init_info' in request body")
         self._transfer_engine_ready = True
         return {"message": "Weight transfer initialized"}
 
     def _start_weight_update(self) -> dict[str, str]:
         if not self._transfer_engine_ready:
-            raise _RequestError(400, "The weight transfer engine is not initialized: POST /init_weight_transfer_engine")
+            raise RequestError(400, "The weight transfer engine is not initialized: POST /init_weight_transfer_engine")
         self._updating = True
         return {"message": "Weight update started"}
 
     def _update_weights(self, body: dict[str, Any]) -> dict[str, str]:
         if not self._updating:
-            raise _RequestError(400, "No weight update in progress: POST /start_weight_update first")
+            raise RequestError(400, "No weight update in progress: POST /start_weight_update first")
         info = body.get("update_info")
         try:
             names, dtypes, shapes = info["names"], info["dtype_names"], info["shapes"]
             announced = {name: (dtype, list(shape)) for name, dtype, shape in zip(names, dtypes, shapes, strict=True)}
         except (TypeError, KeyError, ValueError) as err:
-            raise _RequestError(422, f"update_info needs equally long names, dtype_names and shapes ({err})") from err
+            raise RequestError(422, f"update_info needs equally long names, dtype_names and shapes ({err})") from err
         self._check_names_and_shapes({name: shape for name, (_, shape) in announced.items()})
         self._announced = announced
         return {"message": "Weights updated"}
 
     def _finish_weight_update(self) -> dict[str, str]:
         if not self._updating:
-            raise _RequestError(400, "No weight update in progress: POST /start_weight_update first")
+            raise RequestError(400, "No weight update in progress: POST /start_weight_update first")
         if self._announced is not None:
-            raise _RequestError(400, f"/update_weights announced {len(self._announced)} tensors that never arrived")
+            raise RequestError(400, f"/update_weights announced {len(self._announced)} tensors that never arrived")
         self._updating = False
         return {"message": "Weight update finished"}
 
@@ -449,7 +451,7 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
 
         path = body.get("path")
         if not isinstance(path, str) or not os.path.isfile(path):
-            raise _RequestError(400, f"{LOAD_WEIGHTS_ROUTE} needs {{'path': <a local state-dict file>}}, got {path!r}")
+            raise RequestError(400, f"{LOAD_WEIGHTS_ROUTE} needs {{'path': <a local state-dict file>}}, got {path!r}")
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
@@ -463,7 +465,7 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
                 unexpected = sorted(set(received) - set(self._announced))
                 shared = set(received) & set(self._announced)
                 mismatched = sorted(name for name in shared if received[name] != self._announced[name])
-                raise _RequestError(
+                raise RequestError(
                     400,
                     "The weights file does not hold the tensors /update_weights announced: missing "
                     f"{missing[:5]}, unexpected {unexpected[:5]}, different dtype or shape {mismatched[:5]}",
@@ -481,40 +483,10 @@ class LoopbackVLLMServer(LoopbackHTTPServer):
         own = {name: list(value.shape) for name, value in self.model.state_dict().items()}
         unknown = sorted(set(shapes) - set(own))
         if unknown:
-            raise _RequestError(400, f"Unknown weight names (not in the served model): {unknown[:5]}")
+            raise RequestError(400, f"Unknown weight names (not in the served model): {unknown[:5]}")
         wrong = [f"{name} {shape} != {own[name]}" for name, shape in shapes.items() if list(shape) != own[name]]
         if wrong:
-            raise _RequestError(400, f"Weight shapes differ from the served model's: {wrong[:5]}")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # http.server's naming
-        self._answer("GET")
-
-    def do_POST(self) -> None:
-        self._answer("POST")
-
-    def _answer(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            status, answer = 400, {"detail": "Invalid JSON format"}
-        else:
-            if not isinstance(body, dict):
-                status, answer = 400, {"detail": "The request body must be a JSON object"}
-            else:
-                status, answer = self.server.app.handle(method, self.path, body)
-        payload = b"" if answer is None else json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet tests
-        pass
+            raise RequestError(400, f"Weight shapes differ from the served model's: {wrong[:5]}")
 
 
 def _sampling_of(body: dict[str, Any]) -> _Sampling:
@@ -525,16 +497,16 @@ def _sampling_of(body: dict[str, Any]) -> _Sampling:
         value = default if value is None else value
         wrong_type = not isinstance(value, int if kind is int else (int, float)) or isinstance(value, bool)
         if wrong_type:
-            raise _RequestError(400, f"`{name}` must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+            raise RequestError(400, f"`{name}` must be {'an integer' if kind is int else 'a number'}, got {value!r}")
         if (low is not None and value < low) or (high is not None and value > high):
-            raise _RequestError(400, f"`{name}` must be in [{low}, {high}], got {value}")
+            raise RequestError(400, f"`{name}` must be in [{low}, {high}], got {value}")
         return kind(value)
 
     logprobs = body.get("logprobs")
     prompt_logprobs = body.get("prompt_logprobs")
     stop_token_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_token_ids, list) or not all(isinstance(t, int) for t in stop_token_ids):
-        raise _RequestError(400, f"`stop_token_ids` must be a list of token ids, got {stop_token_ids!r}")
+        raise RequestError(400, f"`stop_token_ids` must be a list of token ids, got {stop_token_ids!r}")
     return _Sampling(
         n=number("n", 1, 1, kind=int),
         temperature=number("temperature", 1.0, 0.0),
