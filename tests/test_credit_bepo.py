@@ -19,6 +19,7 @@ from trl_agents.credit import bepo as credit_bepo
 from trl_agents.credit import get_estimator, grpo_advantages
 from trl_agents.credit.bepo import bellman_credit, bepo_advantages, bepo_advantages_with_stats
 from trl_agents.envs import AgentEnv, get_env_class, register_env
+from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import bepo as trainer_bepo
 from trl_agents.trainers.bepo import BEPOConfig, BEPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -437,12 +438,8 @@ PLANS = [["down", "right", "down", "right"], ["right", "down", "right", "down"],
 @pytest.mark.slow
 def test_two_training_steps_on_frozenlake(tiny_model, tokenizer, scripted, tmp_path):
     generator = scripted(lambda prompt, call, row, size: PLANS[row][call % 4])
-    config = BEPOConfig(
-        output_dir=str(tmp_path / "out"), env_name="frozenlake", max_steps=2, per_device_train_batch_size=4,
-        gradient_accumulation_steps=1, num_generations=4, max_completion_length=4, max_turns=4,
-        learning_rate=1e-2, logging_steps=1, report_to="none", save_strategy="no", gradient_checkpointing=False,
-        disable_tqdm=True, seed=0, row_format="step",
-    )
+    config = tiny_training_config(BEPOConfig, tmp_path / "out", env_name="frozenlake", per_device_train_batch_size=4,
+                                  max_turns=4, row_format="step")
     trainer = BEPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "layout": LAYOUT}],
                           processing_class=tokenizer, generator=generator)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
