@@ -14,7 +14,8 @@ import os
 import threading
 import time
 
-from trl_agents.envs import AgentEnv, register_env
+from trl_agents.envs import AgentEnv, VerifierAtom, register_env
+from trl_agents.envs.frozenlake import FrozenLake
 
 RELEASE = threading.Event()  # set it to let hung steps of this process return
 
@@ -107,3 +108,13 @@ class LoneEnv(SleepyEnv):
         finally:
             with cls._count_lock:
                 cls.active -= 1
+
+
+@register_env
+class VerifiedLake(FrozenLake):
+    """FrozenLake with a one-atom `verify()` (at the goal or not): verifier atoms recorded through every backend."""
+
+    name = "test-verified-lake"
+
+    def verify(self):
+        return [VerifierAtom("at_goal", "sat" if self.solver_value() == 0 else "unsat", None, [])]

@@ -153,17 +153,18 @@ def frozenlake_policy(prompt_ids, call, row, batch_size):
 
 @pytest.mark.parametrize("row_format", ["step", "conversation"])
 def test_backends_give_the_same_rollouts(row_format, tokenizer, scripted):
-    tasks = [{"env": "frozenlake", "seed": seed} for seed in (3, 11, 12)]
+    tasks = [{"env": "test-verified-lake", "seed": seed} for seed in (3, 11, 12)]
 
     def rollout(**pool_args):
         pool = EnvPool(**pool_args)
         try:
             engine = engine_for(
                 scripted, tokenizer, pool, frozenlake_policy, max_turns=4, row_format=row_format,
-                record_snapshots=True, record_signals=("solver_value",),
+                record_snapshots=True, record_signals=("solver_value", "verify"),
             )
             batch = engine.run(tasks, num_generations=3)
             assert all(s.snapshot is not None for t in batch.trajectories for s in t.steps)
+            assert all("verifier_atoms" in t.steps[-1].info for t in batch.trajectories)  # verified in the worker
             return batch.to_rows()
         finally:
             pool.close()

@@ -252,3 +252,31 @@ def test_trainer_checks_required_capabilities_at_start_up(tiny_model, tokenizer,
                     processing_class=tokenizer)
     NeedsSolver(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "seed": 0}],
                 processing_class=tokenizer)
+
+
+def test_verify_runs_once_per_episode_with_its_last_step_and_a_failing_one_fails_the_episode(tokenizer, scripted):
+    from trl_agents.envs import VerifierAtom
+
+    calls = []
+
+    @register_env
+    class CountedVerify(FrozenLake):
+        name = "test-frozenlake-counted-verify"
+
+        def verify(self):
+            calls.append(len(calls))
+            if self.solver_value() != 0:
+                raise RuntimeError("no proof")
+            return [VerifierAtom("at_goal", "sat", None, [])]
+
+    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8)
+    engine.record_signals = ("verify",)
+    batch = engine.run([{**TASKS[0], "env": "test-frozenlake-counted-verify"}], num_generations=4)
+    trajectories = batch.groups[0].trajectories
+    assert len(calls) == len(trajectories)  # once per episode, at its end, not after every step
+    for trajectory in trajectories:
+        if trajectory.success:
+            assert trajectory.steps[-1].info["verifier_atoms"][0]["status"] == "sat"
+        else:  # the unsolved episodes' verify raised: an infrastructure failure of that episode only
+            assert trajectory.error == "verify failed: RuntimeError: no proof"
+    assert {t.success for t in trajectories} == {True, False}

@@ -245,8 +245,12 @@ class RolloutEngine:
         output = self.generator.generate(prompts, self.sampling)
         # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
         texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True) if ready else []
-        flags = (self.record_snapshots, "solver_value" in self.record_signals)
-        calls = [(episode.env, _step_calls, (text, *flags)) for episode, text in zip(ready, texts, strict=True)]
+        flags = (self.record_snapshots, "solver_value" in self.record_signals, "verify" in self.record_signals)
+        calls = [
+            # An episode's last turn (done, or out of turns) also runs `verify()` where the env lives, in this phase.
+            (episode.env, _step_calls, (text, *flags, len(episode.trajectory.steps) + 1 >= self.max_turns))
+            for episode, text in zip(ready, texts, strict=True)
+        ]
         outcomes = self.env_pool.run(calls, "step")
         for episode, prompt_ids, action_ids, logprobs, text, outcome in zip(
             ready, prompts, output.completion_ids, output.logprobs, texts, outcomes, strict=True
@@ -279,7 +283,7 @@ class RolloutEngine:
         episode.history.append((episode.observation, outcome.history_action))
         episode.observation = outcome.observation
         if outcome.done or len(trajectory.steps) >= self.max_turns:
-            self._finish(episode)
+            self._finish(episode, outcome)
             return
         if self.row_format == "conversation":
             ended = bool(action_ids) and action_ids[-1] in self.eos_token_ids
@@ -289,16 +293,20 @@ class RolloutEngine:
             )
             episode.context_ids = prompt_ids + action_ids + step.env_ids
 
-    def _finish(self, episode: _Episode) -> None:
+    def _finish(self, episode: _Episode, last_turn: _EnvTurn | None = None) -> None:
+        """End the episode; with `verify` recorded, put the atoms of `env.verify()` on its last step (computed by the
+        last turn's environment calls, or here when the episode ends between turns: a prompt past its limit)."""
         episode.finished = True
         steps = episode.trajectory.steps
-        if "verify" in self.record_signals and steps:
-            try:
-                atoms = episode.env.verify()
-            except Exception as err:  # noqa: BLE001
-                self._fail(episode, f"verify failed: {type(err).__name__}: {err}")
-                return
-            steps[-1].info["verifier_atoms"] = [dataclasses.asdict(atom) for atom in atoms]
+        if "verify" not in self.record_signals or not steps:
+            return
+        if last_turn is None:
+            last_turn = _EnvTurn()
+            _verify(episode.env, last_turn)
+        if last_turn.verify_error is not None:
+            self._fail(episode, f"verify failed: {last_turn.verify_error}")
+            return
+        steps[-1].info["verifier_atoms"] = last_turn.verifier_atoms
 
     def _fail(self, episode: _Episode, message: str) -> None:
         trajectory = episode.trajectory
@@ -332,6 +340,8 @@ class _EnvTurn:
     history_action: str = ""  # the env's canonical action when it gives one (verl-agent stores the parsed action)
     info: dict[str, Any] = field(default_factory=dict)
     solver_value_next: float | None = None
+    verifier_atoms: list[dict[str, Any]] | None = None  # `env.verify()` after the step, when asked
+    verify_error: str | None = None
     error: str | None = None
 
 
@@ -348,7 +358,9 @@ def _reset_calls(env: AgentEnv, task: dict[str, Any], record_solver_value: bool)
     return start
 
 
-def _step_calls(env: AgentEnv, action_text: str, record_snapshot: bool, record_solver_value: bool) -> _EnvTurn:
+def _step_calls(
+    env: AgentEnv, action_text: str, record_snapshot: bool, record_solver_value: bool, verify: bool, last_turn: bool
+) -> _EnvTurn:
     turn = _EnvTurn()
     try:
         if env.supports("state_key"):
@@ -365,7 +377,18 @@ def _step_calls(env: AgentEnv, action_text: str, record_snapshot: bool, record_s
             turn.solver_value_next = float(env.solver_value())
     except Exception as err:  # noqa: BLE001
         turn.error = f"{type(err).__name__}: {err}"
+        return turn
+    if verify and (turn.done or last_turn):
+        _verify(env, turn)
     return turn
+
+
+def _verify(env: AgentEnv, turn: _EnvTurn) -> None:
+    """`env.verify()` as JSON-able atoms on `turn` (or the error it raised)."""
+    try:
+        turn.verifier_atoms = [dataclasses.asdict(atom) for atom in env.verify()]
+    except Exception as err:  # noqa: BLE001
+        turn.verify_error = f"{type(err).__name__}: {err}"
 
 
 def _failure(kind: str, outcome: Any) -> str:
