@@ -1,8 +1,9 @@
-"""Plain helpers shared by test modules: `from helpers import free_port, checkout_env` (pytest's default import mode
+"""Plain helpers shared by test modules: `from helpers import free_port, checkout_env, assert_close` (pytest's default import mode
 puts this folder on sys.path, as for `envs_for_pools`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -27,3 +28,18 @@ def checkout_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(path for path in (PACKAGE_PARENT, env.get("PYTHONPATH")) if path)
     return env
+
+
+def assert_close(actual, expected, tol: float = 1e-4) -> None:
+    """Advantages `actual` (one list per trajectory) equal `expected` within `tol`, row lengths included."""
+    import pytest
+
+    assert [len(row) for row in actual] == [len(row) for row in expected], actual
+    for row_a, row_e in zip(actual, expected, strict=True):
+        for a, e in zip(row_a, row_e, strict=True):
+            assert a == pytest.approx(e, abs=tol), (actual, expected)
+
+
+def all_finite(advantages) -> bool:
+    """No NaN or infinity in advantages (one list per trajectory)."""
+    return all(math.isfinite(a) for row in advantages for a in row)

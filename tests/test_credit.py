@@ -7,10 +7,10 @@ under test. Reference cases: methods_specs.md §1.1-1.4 (checked by shared/resea
 from __future__ import annotations
 
 import doctest
-import math
 import random
 
 import pytest
+from helpers import all_finite, assert_close
 
 from trl_agents import credit
 from trl_agents.credit import (
@@ -46,17 +46,6 @@ def group_of(*trajectories: Trajectory) -> Group:
 
 def one_step_group(*returns: float) -> Group:
     return group_of(*(episode(("s", r)) for r in returns))
-
-
-def assert_close(actual: list[list[float]], expected: list[list[float]], tol: float = TOL) -> None:
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(advantages: list[list[float]]) -> bool:
-    return all(math.isfinite(a) for row in advantages for a in row)
 
 
 # The toy group of methods_specs.md §1.4 (γ = 0.5, rewards only at the last step):

@@ -7,11 +7,12 @@ written out with their arithmetic in comments (Eq. 1-2 of §5.1), not recomputed
 from __future__ import annotations
 
 import doctest
+import functools
 import json
-import math
 import os
 import random
 
+import helpers
 import pytest
 import torch
 import yaml
@@ -32,6 +33,8 @@ from trl_agents.trainers.sspo import STATE_SCORES_NAME, SSPOConfig, SSPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
 
 TOL = 1e-6
+assert_close = functools.partial(helpers.assert_close, tol=TOL)  # the hand-computed cases hold to 1e-6
+all_finite = helpers.all_finite
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 TASKS = [{"env": "test-keyword", "seed": s} for s in range(8)]
 
@@ -46,17 +49,6 @@ def episode(*steps: Step, success: bool = False) -> Trajectory:
 
 def group_of(*trajectories: Trajectory) -> Group:
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
-
-
-def assert_close(actual, expected, tol=TOL):
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(advantages) -> bool:
-    return all(math.isfinite(a) for row in advantages for a in row)
 
 
 # ---------------------------------------------------------------- the hand-computed case

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
+from helpers import all_finite, assert_close
 
 from trl_agents.credit import bipace as credit_bipace
 from trl_agents.credit.bipace import (
@@ -48,17 +49,6 @@ def episode(*steps: tuple) -> Trajectory:
 
 def group_of(*trajectories: Trajectory) -> Group:
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
-
-
-def assert_close(actual, expected, tol=TOL):
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(advantages) -> bool:
-    return all(math.isfinite(a) for row in advantages for a in row)
 
 
 def unit_angle(degrees: float) -> list[float]:

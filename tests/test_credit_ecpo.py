@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 import yaml
+from helpers import all_finite, assert_close
 
 from trl_agents.credit import ecpo as credit_ecpo
 from trl_agents.credit import get_estimator, grpo_advantages
@@ -47,17 +48,6 @@ def episode(*steps: tuple, success: bool = False) -> Trajectory:
 
 def group_of(*trajectories: Trajectory) -> Group:
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
-
-
-def assert_close(actual, expected, tol: float = TOL) -> None:
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(advantages) -> bool:
-    return all(math.isfinite(a) for row in advantages for a in row)
 
 
 # ---------------------------------------------------------------- the spec's anchor (methods_specs.md §2.2)

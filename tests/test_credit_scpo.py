@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 from datasets import Dataset
+from helpers import all_finite, assert_close
 
 from trl_agents.credit import get_estimator, gigpo_advantages
 from trl_agents.credit import scpo as credit_scpo
@@ -54,17 +55,6 @@ def episode(states, actions, won, final_reward=None, valid=None):
 
 def group_of(*trajectories):
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
-
-
-def assert_close(actual, expected, tol=TOL):
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(rows):
-    return all(math.isfinite(v) for row in rows for v in row)
 
 
 def same_observation(step, sibling):

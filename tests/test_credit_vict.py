@@ -9,13 +9,13 @@ from __future__ import annotations
 import copy
 import doctest
 import glob
-import math
 import os
 import random
 
 import pytest
 import torch
 from datasets import Dataset
+from helpers import all_finite, assert_close
 
 from trl_agents.credit import get_estimator, grpo_advantages
 from trl_agents.credit import vict as credit_vict
@@ -55,17 +55,6 @@ def episode(num_steps, reward, success, atoms, invalid=()):
 
 def group_of(*trajectories):
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
-
-
-def assert_close(actual, expected, tol=TOL):
-    assert [len(row) for row in actual] == [len(row) for row in expected], actual
-    for row_a, row_e in zip(actual, expected, strict=True):
-        for a, e in zip(row_a, row_e, strict=True):
-            assert a == pytest.approx(e, abs=tol), (actual, expected)
-
-
-def all_finite(advantages):
-    return all(math.isfinite(a) for row in advantages for a in row)
 
 
 # The spec's case (§2.5 unit test): T = 4; success with core {k1 (t=1), k2 (t=3, depends on k1)}; failure with a
