@@ -43,3 +43,10 @@ def assert_close(actual, expected, tol: float = 1e-4) -> None:
 def all_finite(advantages) -> bool:
     """No NaN or infinity in advantages (one list per trajectory)."""
     return all(math.isfinite(a) for row in advantages for a in row)
+
+
+def group_of(*trajectories):
+    """The group of `trajectories`, all of task "t" (the hand-computed credit cases)."""
+    from trl_agents.trajectory import Group
+
+    return Group(task={"task_id": "t"}, trajectories=list(trajectories))

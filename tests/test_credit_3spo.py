@@ -34,7 +34,7 @@ from trl_agents.trajectory import Group, Step, Trajectory
 
 TOL = 1e-6
 assert_close = functools.partial(helpers.assert_close, tol=TOL)  # the hand-computed cases hold to 1e-6
-all_finite = helpers.all_finite
+all_finite, group_of = helpers.all_finite, helpers.group_of
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 TASKS = [{"env": "test-keyword", "seed": s} for s in range(8)]
 
@@ -45,10 +45,6 @@ def step(state: str, reward: float = 0.0, valid: bool = True) -> Step:
 
 def episode(*steps: Step, success: bool = False) -> Trajectory:
     return Trajectory(task={"task_id": "t"}, steps=list(steps), success=success)
-
-
-def group_of(*trajectories: Trajectory) -> Group:
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 # ---------------------------------------------------------------- the hand-computed case

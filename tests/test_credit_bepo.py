@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 import yaml
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import bepo as credit_bepo
 from trl_agents.credit import get_estimator, grpo_advantages
@@ -39,10 +39,6 @@ def episode(*steps: tuple, success: bool = False) -> Trajectory:
                  info={"action": action} if action else {})
         )
     return Trajectory(task={"task_id": "t"}, steps=made, success=success)
-
-
-def group_of(*trajectories: Trajectory) -> Group:
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 # ---------------------------------------------------------------- the spec's toy graph (methods_specs.md §2.1)

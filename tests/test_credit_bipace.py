@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import bipace as credit_bipace
 from trl_agents.credit.bipace import (
@@ -45,10 +45,6 @@ def episode(*steps: tuple) -> Trajectory:
             Step(observation=observation, action_text=f"<action>{action}</action>", reward=float(reward), valid=valid)
         )
     return Trajectory(task={"task_id": "t"}, steps=made)
-
-
-def group_of(*trajectories: Trajectory) -> Group:
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 def unit_angle(degrees: float) -> list[float]:

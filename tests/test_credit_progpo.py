@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import get_estimator, grpo_advantages
 from trl_agents.credit import progpo as credit_progpo
@@ -29,7 +29,7 @@ from trl_agents.envs import AgentEnv, register_env
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.progpo import ProGPOConfig, ProGPOTrainer
-from trl_agents.trajectory import Group, Step, Trajectory
+from trl_agents.trajectory import Step, Trajectory
 
 TOL = 1e-4
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -45,10 +45,6 @@ def episode(states, actions, won, rewards=None, valid=None):
         for t, (o, a, r, v) in enumerate(zip(states, actions, rewards, valid, strict=True))
     ]
     return Trajectory(task={"task_id": "t"}, steps=steps, success=won)
-
-
-def group_of(*trajectories):
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 # The GiGPO toy of methods_specs.md §1.4 / §2.3 (rewards only at the last step):

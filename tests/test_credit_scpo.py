@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import get_estimator, gigpo_advantages
 from trl_agents.credit import scpo as credit_scpo
@@ -35,7 +35,7 @@ from trl_agents.envs import AgentEnv, register_env
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.scpo import SCPOConfig, SCPOTrainer
-from trl_agents.trajectory import Group, Step, Trajectory
+from trl_agents.trajectory import Step, Trajectory
 
 TOL = 1e-4
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -51,10 +51,6 @@ def episode(states, actions, won, final_reward=None, valid=None):
         for t, (o, a, v) in enumerate(zip(states, actions, valid, strict=True))
     ]
     return Trajectory(task={"task_id": "t"}, steps=steps, success=won)
-
-
-def group_of(*trajectories):
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 def same_observation(step, sibling):

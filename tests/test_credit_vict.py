@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import get_estimator, grpo_advantages
 from trl_agents.credit import vict as credit_vict
@@ -32,7 +32,7 @@ from trl_agents.envs.base import VerifierAtom
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import vict as trainer_vict
 from trl_agents.trainers.vict import VICTConfig, VICTTrainer
-from trl_agents.trajectory import Group, RolloutBatch, Step, Trajectory
+from trl_agents.trajectory import RolloutBatch, Step, Trajectory
 
 TOL = 1e-4
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -51,10 +51,6 @@ def episode(num_steps, reward, success, atoms, invalid=()):
         if atoms is not None:
             steps[-1].info["verifier_atoms"] = atoms
     return Trajectory(task={"task_id": "t"}, steps=steps, success=success)
-
-
-def group_of(*trajectories):
-    return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
 # The spec's case (§2.5 unit test): T = 4; success with core {k1 (t=1), k2 (t=3, depends on k1)}; failure with a
