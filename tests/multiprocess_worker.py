@@ -43,6 +43,9 @@ ACTIONS = ("right", "left", "right", "wait")  # "wait" is invalid (the invalid-a
 CASES = {
     **{name: (name, {}) for name in METHODS if name != "dr_grpo"},
     "bipace": ("bipace", {"hidden_layer": -1}),  # the tiny model has one decoder layer
+    # OPSD alone: the teacher is the step-0 copy under a longer prompt, so the JSD's gradient is small; scaled up so
+    # that a wrongly normalised update would show.
+    "opsd": ("opsd", {"opsd_coef": 100.0}),
     "grpo_accumulation": ("grpo", {"gradient_accumulation_steps": 2}),
     "grpo_conversation": ("grpo", {"row_format": "conversation"}),
 }
@@ -51,8 +54,9 @@ CASES = {
 class WalkEnv(AgentEnv):
     """Walk from 0 to a target at 1-3 (from the seed): +1 and success on arrival, −0.1 per other step.
 
-    Has the capabilities every method needs: `state_key` (anchor states), `solver_value` (CAST) and `verify`
-    (VICT: one atom per position on the way, witnessed by the step that first reached it).
+    Has the capabilities every method needs: `state_key` (anchor states), `solver_value` (CAST), `verify`
+    (VICT: one atom per position on the way, witnessed by the step that first reached it), `snapshot`/`restore`
+    (BPO's forks) and `privileged_context` (OPSD, SDAR: the teacher is told where the target is).
     """
 
     name = "test-multiprocess-walk"
@@ -86,6 +90,16 @@ class WalkEnv(AgentEnv):
 
     def solver_value(self):
         return float(abs(self.target - self.position))
+
+    def snapshot(self):
+        return (self.seed, self.target, self.position, self.num_steps, dict(self.first_reached))
+
+    def restore(self, snapshot):
+        self.seed, self.target, self.position, self.num_steps, first = snapshot
+        self.first_reached = dict(first)
+
+    def privileged_context(self):
+        return f"The target is {self.target - self.position} steps to the right."
 
     def verify(self):
         return [

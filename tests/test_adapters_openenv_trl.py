@@ -561,10 +561,10 @@ def test_to_trl_environment_plays_sokoban():
 def test_trl_grpo_trainer_trains_on_sokoban_through_environment_factory(tiny_model, tokenizer, tmp_path):
     """TRL's own GRPOTrainer with environment_factory=to_trl_environment("sokoban"), one step on CPU.
 
-    A random tiny model never writes a parseable tool call (trl_groundwork.md §3, pitfall 6), so its `generate` is
-    scripted: in the first generation call, even rows call `act("right")` on a one-push corridor and odd rows answer
-    in prose; after a tool response, every row answers in prose. TRL's own tool loop must then run `act`, and the
-    reward function must read the solved episodes.
+    A random tiny model never writes a parseable tool call (docs/concepts/trl_internals.md, pitfall 5), so its
+    `generate` is scripted: in the first generation call, even rows call `act("right")` on a one-push corridor and odd
+    rows answer in prose; after a tool response, every row answers in prose. TRL's own tool loop must then run `act`,
+    and the reward function must read the solved episodes.
     """
     import torch
     from datasets import Dataset

@@ -1,7 +1,7 @@
 """Credit estimators (GRPO, Dr. GRPO, RLOO, GiGPO) against hand-computed numbers.
 
 The expected values are written out, with their arithmetic in comments; they are not recomputed with the formulas
-under test. Reference cases: methods_specs.md §1.1-1.4 (checked by shared/research/toy_checks.py).
+under test. Reference cases: the "Hand-computed case" sections of docs/methods/{grpo,dr_grpo,rloo,gigpo}.md.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def one_step_group(*returns: float) -> Group:
     return group_of(*(episode(("s", r)) for r in returns))
 
 
-# The toy group of methods_specs.md §1.4 (γ = 0.5, rewards only at the last step):
+# The GiGPO toy group of docs/methods/gigpo.md (γ = 0.5, rewards only at the last step):
 #   A: s0 -a-> s1 -b-> success (R=1)    B: s0 -a-> s1 -c-> fail (R=0)
 #   C: s0 -d-> s2 -e-> fail (R=0)       D: copy of A
 # Discounted step returns (γ=0.5): A, D: [0.5, 1];  B, C: [0, 0].
@@ -144,7 +144,7 @@ def test_no_nan_with_mean_std_norm_and_equal_rewards():
         assert advantages == [[0.0], [0.0, 0.0], [0.0, 0.0, 0.0]]
 
 
-# ---------------------------------------------------------------- GiGPO toy group (methods_specs.md §1.4)
+# ---------------------------------------------------------------- GiGPO toy group (docs/methods/gigpo.md)
 
 # mean_norm: the two statistics agree here (all episodes have 2 steps):
 #   A^E: step rows [1,1,0,0,0,0,1,1] or trajectories [1,0,0,1] -> mean 0.5 -> A, D: +0.5; B, C: -0.5

@@ -1,7 +1,8 @@
 """3SPO (state-score-supervised step credit) against hand-computed numbers, its persistent table, and end to end.
 
-methods_with_code.md §5 gives no worked example, so the case below is constructed here; the expected values are
-written out with their arithmetic in comments (Eq. 1-2 of §5.1), not recomputed with the code under test.
+The reference code gives no worked example, so the case below is constructed here (and written out in
+docs/methods/3spo.md, "Hand-computed case"); the expected values are written out with their arithmetic in comments
+(3SPO Eq. 1-2), not recomputed with the code under test.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def test_hand_computed_episode_term():
 
 
 def test_paper_alpha_makes_the_score_almost_binary():
-    # α = 50, t = 1001 -> λ = 50·log 1001 = 345.39 (§5.6: S ≈ 0 once a state ever led to success).
+    # α = 50, t = 1001 -> λ = 50·log 1001 = 345.39 (docs/methods/3spo.md: S ≈ 0 once a state ever led to success).
     table = StateScoreTable(scope="global", t=1001)
     table.counts = {repr("rare win"): [10, 1], repr("losing"): [9, 0], repr("lost"): [10, 0], repr("good"): [20, 3]}
     # rare win: SR = 1/10.000001, N_fail 9 < 10 -> exp(-34.539) = 9.95e-16
@@ -289,9 +290,7 @@ def test_docstring_examples():
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(
-        METHODS, "3spo", Method("3spo", SSPOConfig, SSPOTrainer, {}, "arXiv 2606.09961", inputs=("state keys",))
-    )
+    return METHODS["3spo"]  # registered by SSPOTrainer's own declaration
 
 
 def test_method_name(registered):

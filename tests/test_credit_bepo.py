@@ -1,7 +1,7 @@
-"""Gated-BEPO (methods_specs.md §2.1): hand-computed graphs (the spec's toy, a cyclic one), properties, config, trainer.
+"""Gated-BEPO (docs/methods/bepo.md): hand-computed graphs (the GiGPO toy, a cyclic one), properties, config, trainer.
 
-Expected values are written out with their arithmetic in comments; they are not recomputed with the code under test.
-The spec's toy numbers are checked by shared/research/toy_checks.py ("Bellman closure toy").
+Expected values are written out with their arithmetic in comments (the toy also in docs/methods/bepo.md,
+"Hand-computed case"); they are not recomputed with the code under test.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def episode(*steps: tuple, success: bool = False) -> Trajectory:
     return Trajectory(task={"task_id": "t"}, steps=made, success=success)
 
 
-# ---------------------------------------------------------------- the spec's toy graph (methods_specs.md §2.1)
+# ---------------------------------------------------------------- the toy graph (docs/methods/bepo.md)
 
 # A: s0 -a-> s1 -b-> success (R=1)    B: s0 -a-> s1 -c-> fail (R=0)
 # C: s0 -d-> s2 -e-> fail (R=0)       D: copy of A
@@ -353,20 +353,16 @@ def test_config_validation(tmp_path):
             BEPOConfig(**base, **{field_name: value})
     for name in ("gamma", "gae_lambda", "bepo_gate", "bepo_mixing", "mixing_n0", "bellman_norm"):
         help_text = BEPOConfig.__dataclass_fields__[name].metadata["help"]
-        assert "§2.1" in help_text
+        assert "docs/methods/bepo.md" in help_text
     for name in ("gae_lambda", "bepo_gate", "bepo_mixing", "mixing_n0", "bellman_norm", "merge_invalid_actions"):
         assert "our choice" in BEPOConfig.__dataclass_fields__[name].metadata["help"].lower()
 
 
 @pytest.fixture
 def bepo_registered(monkeypatch):
-    from trl_agents.trainers import METHODS, Method
+    from trl_agents.trainers import METHODS
 
-    monkeypatch.setitem(
-        METHODS, "bepo",
-        Method("bepo", BEPOConfig, BEPOTrainer, {}, "arXiv 2608.06861",
-               inputs=("episode returns", "step rewards", "state keys")),
-    )
+    return METHODS["bepo"]  # registered by BEPOTrainer's own declaration
 
 
 @pytest.mark.parametrize("name", ["bepo_alfworld.yaml", "bepo_sokoban_tiny.yaml"])

@@ -1,7 +1,7 @@
 """BiPACE (credit/bipace.py, trainers/bipace.py): hand-computed clusters and advantages, properties, the trainer.
 
 The expected values are written out with their arithmetic in comments; they are not recomputed with the code under
-test. Spec: /work/shared/research/methods_with_code.md §4.
+test. Docs: docs/methods/bipace.md.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_hand_case_epsilon_zero_and_large():
 
 
 # ---------------------------------------------------------------- hand-computed case 2: the GiGPO toy group + actions
-# methods_specs.md §1.4 with actions (γ = 0.5):  A: s0 -a-> s1 -b-> ✓ (R=1);  B: s0 -a-> s1 -c-> ✗;
+# docs/methods/gigpo.md with actions (γ = 0.5):  A: s0 -a-> s1 -b-> ✓ (R=1);  B: s0 -a-> s1 -c-> ✗;
 # C: s0 -d-> s2 -e-> ✗;  D = copy of A.   ρ: A, D [0.5, 1];  B, C [0, 0].
 # Clusters by state: s0 = {A0, B0, C0, D0}, s1 = {A1, B1, D1}, s2 = {C1}.
 # s0: V = (0.5 + 0 + 0 + 0.5)/4 = 0.25; Q(a) = (0.5 + 0 + 0.5)/3 = 0.33333 -> A0, B0, D0: +0.08333;
@@ -413,17 +413,9 @@ def test_config_rejects_bad_values(tmp_path):
 @pytest.fixture
 def bipace_registered():
     """Register BiPACE in the method registry for this test only (the shared registry entry is added separately)."""
-    from trl_agents.trainers import METHODS, Method
+    from trl_agents.trainers import METHODS
 
-    added = "bipace" not in METHODS
-    if added:
-        METHODS["bipace"] = Method(
-            "bipace", BiPACEConfig, BiPACETrainer, {}, "arXiv 2606.25556",
-            inputs=("episode returns", "step rewards", "policy hidden states of the step prompts", "action keys"),
-        )
-    yield
-    if added:
-        del METHODS["bipace"]
+    return METHODS["bipace"]  # registered by BiPACETrainer's own declaration
 
 
 @pytest.mark.parametrize("name", ["bipace_alfworld.yaml", "bipace_sokoban_tiny.yaml"])
@@ -441,7 +433,7 @@ def test_yaml_configs_parse(name, bipace_registered):
         ["--config", path]
     )
     assert isinstance(config, BiPACEConfig) and config.env_name and (run.tiny_model or model.model_name_or_path)
-    if name == "bipace_alfworld.yaml":  # the README's Qwen2.5-1.5B column (methods_with_code.md §4.2)
+    if name == "bipace_alfworld.yaml":  # the README's Qwen2.5-1.5B column (docs/methods/bipace.md, "Defaults")
         assert (config.hidden_layer, config.cluster_epsilon) == (-12, 0.05)
         assert (config.num_generations, config.max_turns) == (8, 50)
         assert (config.pace_estimator, config.action_key, config.gamma) == ("q_style", "action_tag", 0.95)
@@ -494,17 +486,22 @@ def test_two_training_steps(source, tiny_model, tokenizer, tmp_path):
 @pytest.mark.parametrize("backend", ["generate", "static"])
 def test_rollout_capture_equals_the_extra_forward(backend, tiny_model, tokenizer, tmp_path):
     # Left-padded prefill vectors (several prompt lengths per batch) = the extra forward's vectors, with plain
-    # `generate` and with the static-cache backend (whose prefill mask spans the whole cache).
+    # `generate` and with the static-cache backend (whose prefill mask spans the whole cache). The capture is the
+    # `hidden_states` signal's, entered by AgentGRPOTrainer around the rollout's generation calls.
     for pooling in ("last_token", "mean"):
         config = make_config(tmp_path, pooling=pooling, generation_backend=backend)
         trainer = BiPACETrainer(model=tiny_model, args=config, train_dataset=TASKS, processing_class=tokenizer)
-        trainer._recording = True
+        signal = trainer._signal_cache["hidden_states"]
+        signal.reset()
+        trainer._capturing = True
         batch = trainer._engine().run(TASKS[:2], num_generations=4)
-        matrices, rollout_fraction = trainer.step_hidden_states(batch.groups)
-        assert rollout_fraction == 1.0 and [tuple(m.shape) for m in matrices] == [(8, 32), (8, 32)]
+        trainer._capturing = False
+        trainer.compute_signals(batch.groups)
+        matrices = trainer.step_hidden_states(batch.groups)
+        assert signal.stats["rollout_fraction"] == 1.0 and [tuple(m.shape) for m in matrices] == [(8, 32), (8, 32)]
         prompts = [tuple(s.prompt_ids) for g in batch.groups for t in g.trajectories for s in t.steps]
         assert len({len(p) for p in prompts}) > 1  # prompts of several lengths (history windows)
-        forward = torch.stack(trainer._forward_hidden_states(prompts))
+        forward = torch.stack(signal.forward(prompts, trainer.signal_context))
         assert torch.allclose(torch.cat(matrices), forward, atol=1e-5)
 
 

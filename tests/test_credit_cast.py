@@ -1,12 +1,13 @@
 """CAST (solver-teacher credit) against hand-computed numbers, its boundary rules on the real games, and end to end.
 
-The expected values are written out with their arithmetic in comments (methods_with_code.md §2.1 formulas); they
+The expected values are written out with their arithmetic in comments (the formulas of docs/methods/cast.md#equations); they
 are not recomputed with the code under test.
 """
 
 from __future__ import annotations
 
 import doctest
+import json
 import math
 import os
 import random
@@ -24,10 +25,10 @@ from trl_agents.credit.cast import (
     shaping_moments,
     solver_advantages,
 )
-from trl_agents.envs import AgentEnv, register_env
+from trl_agents.envs import AgentEnv, get_env_class, make_env, register_env
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
 from trl_agents.testing import tiny_training_config
-from trl_agents.trainers import METHODS, Method
+from trl_agents.trainers import METHODS
 from trl_agents.trainers import cast as trainer_cast
 from trl_agents.trainers.cast import CASTConfig, CASTTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -38,7 +39,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 
 
 def turn(before: float, after: float, reward: float = 0.0, valid: bool = True, **info) -> Step:
-    return Step("s", "a", reward=reward, valid=valid, info={"solver_value": before, "solver_value_next": after, **info})
+    return Step("s", "a", reward=reward, valid=valid, info=info, signals={"solver_value": (before, after)})
 
 
 def episode(*steps: Step, success: bool = False) -> Trajectory:
@@ -201,13 +202,17 @@ def test_invalid_actions_get_zero_solver_advantage_under_both_rules():
     assert solver_advantages(group, "minesweeper") == [[0.0, 0.0]]
 
 
-def test_rescue_win_counts_safe_cells_from_the_state_key():
-    # Without info["safe_cells"]: revealed mask 0b1011 (3 cells) + 2 cells opened by the winning reveal = 5.
+def test_rescue_win_needs_the_safe_cells_the_environment_reports():
+    # The env contract (AgentEnv.solver_semantics = "minesweeper"): every step reports the board's safe cells;
+    # credit never decodes an environment's state keys.
     step = turn(INF, 0, success=True, opened=2)
     step.state_key = (0b1011, 0)
-    assert solver_advantages(group_of(episode(step)), "minesweeper") == [[5.0]]
-    with pytest.raises(ValueError, match="safe cells"):
-        solver_advantages(group_of(episode(turn(INF, 0, success=True))), "minesweeper")
+    with pytest.raises(ValueError, match="safe_cells"):
+        solver_advantages(group_of(episode(step)), "minesweeper")
+    env = make_env("minesweeper", rows=3, cols=4, num_mines=2)
+    env.reset({"rows": 3, "cols": 4, "mines": [[0, 3], [2, 3]], "first_click": [1, 0]})
+    assert env.step("flag 0 3")[3]["safe_cells"] == 10  # 3 x 4 cells - 2 mines
+    assert type(env).solver_semantics == "minesweeper" and get_env_class("sokoban").solver_semantics == "shortest_path"
 
 
 def _engine(tokenizer, scripted, policy, max_turns):
@@ -216,7 +221,7 @@ def _engine(tokenizer, scripted, policy, max_turns):
         PromptRenderer(tokenizer, history_length=0),
         max_turns=max_turns,
         sampling=SamplingParams(max_new_tokens=8),
-        record_signals=("solver_value",),
+        signals=("solver_value",),
     )
 
 
@@ -238,8 +243,8 @@ def test_minesweeper_rules_on_the_real_game(tokenizer, scripted):
     assert [t.success for t in group.trajectories] == [False, True, True]
     assert solver_advantages(group, "minesweeper") == [[-1.0], [1.0], [-1.0, 0.0, 1.0, 1.0]]
     # The recorded values: inf after the mine hit, 0 after a win.
-    assert group.trajectories[0].steps[0].info["solver_value_next"] == INF
-    assert group.trajectories[1].steps[0].info["solver_value_next"] == 0.0
+    assert group.trajectories[0].steps[0].signals["solver_value"].after == INF
+    assert group.trajectories[1].steps[0].signals["solver_value"].after == 0.0
 
 
 def test_sokoban_solver_advantages_follow_the_recorded_values(tokenizer, scripted):
@@ -253,7 +258,7 @@ def test_sokoban_solver_advantages_follow_the_recorded_values(tokenizer, scripte
 
     batch = _engine(tokenizer, scripted, policy, max_turns=3).run([task], num_generations=3)
     group = batch.groups[0]
-    values = [[(s.info["solver_value"], s.info["solver_value_next"]) for s in t.steps] for t in group.trajectories]
+    values = [[tuple(s.signals["solver_value"]) for s in t.steps] for t in group.trajectories]
     # N(s_0) = 2: one step right, then the push. The wall bump is valid but leaves N; "jump" is invalid.
     assert values == [[(2, 1), (1, 0)], [(2, 2), (2, 1), (1, 0)], [(2, 2), (2, 1), (1, 0)]]
     assert [[s.valid for s in t.steps] for t in group.trajectories] == [[True] * 2, [True] * 3, [False, True, True]]
@@ -341,7 +346,7 @@ def test_bad_inputs_are_rejected():
             cast_advantages(batch, alpha=alpha)
     with pytest.raises(ValueError, match="eps"):
         cast_advantages(batch, eps=0.0)
-    with pytest.raises(ValueError, match="record_signals"):
+    with pytest.raises(ValueError, match="'solver_value' signal"):
         cast_advantages([group_of(episode(Step("s", "a")))])
     with pytest.raises(ValueError, match="solver values must be"):
         cast_advantages([group_of(episode(turn(float("nan"), 1)))])
@@ -370,7 +375,7 @@ def test_docstring_examples():
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(METHODS, "cast", Method("cast", CASTConfig, CASTTrainer, {}, "arXiv 2607.25308"))
+    return METHODS["cast"]  # registered by CASTTrainer's own declaration
 
 
 @pytest.mark.parametrize("name", ["cast_sokoban", "cast_minesweeper", "cast_rushhour", "cast_sokoban_tiny"])
@@ -446,7 +451,13 @@ def test_two_training_steps(row_format, tiny_model, tokenizer, tmp_path):
     assert max(h["cast/nonzero_solver_fraction"] for h in logs) > 0  # some 'a' answers moved the count down
     # The engine recorded N(s_t), N(s_t+1) for every step of the last rollout, and the rule was resolved.
     steps = [s for g in trainer.last_rollout.groups for t in g.trajectories for s in t.steps]
-    assert steps and all({"solver_value", "solver_value_next"} <= set(s.info) for s in steps)
+    assert steps and all(len(s.signals["solver_value"]) == 2 for s in steps)
+    # ... and the trajectory records keep them, in the `signals` column: [N(s_t), N(s_t+1)] of every step.
+    from trl_agents.records import load_trajectories
+
+    rows = load_trajectories(str(tmp_path / "out"))
+    values = [json.loads(r["signals"])["solver_value"] for r in rows if r["step"] >= 0]
+    assert len(values) == len(rows) and all(len(v) == 2 for v in values)
     assert trainer.solver_rule_of(trainer.last_rollout.groups[0]) == "shortest_path"
 
 

@@ -1,7 +1,8 @@
-"""ECPO (methods_specs.md §2.2): the spec's anchor case and a two-step group by hand, properties, config, trainer.
+"""ECPO (docs/methods/ecpo.md): the anchor case of its docs page and a two-step group by hand, properties, config,
+trainer.
 
-Expected values are written out with their arithmetic in comments; they are not recomputed with the code under test.
-The spec's anchor numbers are checked by shared/research/toy_checks.py ("ECPO toy").
+Expected values are written out with their arithmetic in comments (and in docs/methods/ecpo.md, "Hand-computed
+case"); they are not recomputed with the code under test.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def episode(*steps: tuple, success: bool = False) -> Trajectory:
     return Trajectory(task={"task_id": "t"}, steps=made, success=success)
 
 
-# ---------------------------------------------------------------- the spec's anchor (methods_specs.md §2.2)
+# ---------------------------------------------------------------- the anchor case (docs/methods/ecpo.md)
 
 
 def test_spec_anchor_evidence():
@@ -64,7 +65,7 @@ def test_spec_anchor_evidence():
 
 
 def lucky_group() -> Group:
-    """The spec's anchor as a group: four one-step episodes from s (u1 → 1; u2 → 0, 0, 1)."""
+    """The anchor case as a group: four one-step episodes from s (u1 → 1; u2 → 0, 0, 1)."""
     return group_of(
         episode(("s", 1, True, "u1"), success=True), episode(("s", 0, True, "u2")), episode(("s", 0, True, "u2")),
         episode(("s", 1, True, "u2"), success=True),
@@ -102,7 +103,7 @@ def test_kappa_zero_and_omega():
 
 
 # A: s0 -a-> s1 -b-> success (R=1)    B: s0 -a-> s1 -c-> fail (R=0)
-# C: s0 -d-> s2 -e-> fail (R=0)       D: copy of A          (the GiGPO toy of §1.4, with canonical actions)
+# C: s0 -d-> s2 -e-> fail (R=0)       D: copy of A          (the GiGPO toy of docs/methods/gigpo.md, with actions)
 def toy_group() -> Group:
     return group_of(
         episode(("s0", 0, True, "a"), ("s1", 1, True, "b"), success=True),
@@ -292,18 +293,14 @@ def test_config_validation(tmp_path):
             ECPOConfig(**base, **{field_name: value})
     for name in ("step_advantage_w", "variance_gate_tau", "ecpo_mode", "merge_invalid_actions"):
         help_text = ECPOConfig.__dataclass_fields__[name].metadata["help"]
-        assert "our choice" in help_text.lower() and "§2.2" in help_text
+        assert "our choice" in help_text.lower() and "docs/methods/ecpo.md" in help_text
 
 
 @pytest.fixture
 def ecpo_registered(monkeypatch):
-    from trl_agents.trainers import METHODS, Method
+    from trl_agents.trainers import METHODS
 
-    monkeypatch.setitem(
-        METHODS, "ecpo",
-        Method("ecpo", ECPOConfig, ECPOTrainer, {}, "arXiv 2606.05885",
-               inputs=("episode returns", "step rewards", "state keys", "canonical actions")),
-    )
+    return METHODS["ecpo"]  # registered by ECPOTrainer's own declaration
 
 
 @pytest.mark.parametrize("name", ["ecpo_alfworld.yaml", "ecpo_sokoban_tiny.yaml"])

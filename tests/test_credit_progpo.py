@@ -1,4 +1,4 @@
-"""ProGPO (methods_specs.md §2.3): hand-computed credit, properties, trainer wiring and a 2-iteration run.
+"""ProGPO (docs/methods/progpo.md): hand-computed credit, properties, trainer wiring and a 2-iteration run.
 
 Expected numbers are written out with their arithmetic in comments; they are not recomputed with the code under test.
 """
@@ -47,7 +47,7 @@ def episode(states, actions, won, rewards=None, valid=None):
     return Trajectory(task={"task_id": "t"}, steps=steps, success=won)
 
 
-# The GiGPO toy of methods_specs.md §1.4 / §2.3 (rewards only at the last step):
+# The GiGPO toy of docs/methods/gigpo.md and docs/methods/progpo.md (rewards only at the last step):
 #   A: s0 -a-> s1 -b-> success    B: s0 -a-> s1 -c-> fail    C: s0 -d-> s2 -e-> fail    D: copy of A
 def toy_group():
     return group_of(
@@ -58,14 +58,14 @@ def toy_group():
     )
 
 
-EXACT = {"gamma": 1.0, "max_depth": 0, "smoothing": False}  # the spec's unit-test setting
+EXACT = {"gamma": 1.0, "max_depth": 0, "smoothing": False}  # the setting of docs/methods/progpo.md's hand case
 
 
-# ---------------------------------------------------------------- (a) hand-computed cases of the spec
+# ---------------------------------------------------------------- (a) hand-computed cases (docs/methods/progpo.md)
 
 
 def test_inverse_variance_fusion_reference():
-    # §2.3: Φ̂_0 = 0.6 (n = 10) -> Var 0.6·0.4/10 = 0.024;  Φ̂_1 = 0.9 (n = 2) -> Var 0.9·0.1/2 = 0.045
+    # Φ̂_0 = 0.6 (n = 10) -> Var 0.6·0.4/10 = 0.024;  Φ̂_1 = 0.9 (n = 2) -> Var 0.9·0.1/2 = 0.045
     # Φ = (0.6/0.024 + 0.9/0.045)/(1/0.024 + 1/0.045) = (25 + 20)/(41.667 + 22.222) = 0.7043
     assert fuse_inverse_variance([(0.6, 0.024), (0.9, 0.045)]) == pytest.approx(0.7043, abs=TOL)
     assert fuse_inverse_variance([(0.3, 0.5)]) == 0.3  # one depth: the estimate itself
@@ -76,7 +76,7 @@ def test_inverse_variance_fusion_reference():
 
 
 def test_toy_potentials_and_transition_credit():
-    # §2.3 (K = 0, no smoothing, γ = 1): Φ(s0) = 2/4 = 0.5, Φ(s1) = 2/3, Φ(s2) = 0/1 = 0; after the last step
+    # K = 0, no smoothing, γ = 1: Φ(s0) = 2/4 = 0.5, Φ(s1) = 2/3, Φ(s2) = 0/1 = 0; after the last step
     # Φ = 1[won].
     # A^tr: s0->s1 = 2/3 − 1/2 = +1/6, s0->s2 = −0.5, s1->won = 1 − 2/3 = +1/3, s1->lost = −2/3, s2->lost = 0.
     parts = progpo_parts(toy_group(), **EXACT)

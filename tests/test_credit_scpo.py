@@ -1,4 +1,4 @@
-"""SCPO (methods_specs.md §2.4): hand-computed shaping and credit, scorers, properties, trainer wiring, 2 iterations.
+"""SCPO (docs/methods/scpo.md): hand-computed shaping and credit, scorers, properties, trainer wiring, 2 iterations.
 
 Expected numbers are written out with their arithmetic in comments; they are not recomputed with the code under test.
 """
@@ -59,13 +59,13 @@ def same_observation(step, sibling):
 
 
 def spec_group(success_reward=1.0):
-    # methods_specs.md §2.4: s* has 4 steps (s0..s3); the failed episode's observations match p = [0, 1, 1, −1, 2].
+    # docs/methods/scpo.md: s* has 4 steps (s0..s3); the failed episode's observations match p = [0, 1, 1, −1, 2].
     sibling = episode(["s0", "s1", "s2", "s3"], ["go"] * 4, True, final_reward=success_reward)
     failed = episode(["s0", "s1", "s1", "x", "s2"], ["go"] * 5, False)
     return group_of(sibling, failed)
 
 
-# ---------------------------------------------------------------- (a) hand-computed cases of the spec
+# ---------------------------------------------------------------- (a) hand-computed cases (docs/methods/scpo.md)
 
 
 def test_progress_frontier_reference():

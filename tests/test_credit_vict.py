@@ -1,4 +1,4 @@
-"""VICT (verifier-instrumented credit tracing, methods_specs.md §2.5): credit math, abstention, invariants,
+"""VICT (verifier-instrumented credit tracing, docs/methods/vict.md): credit math, abstention, invariants,
 real verifier atoms from searchqa / webshop-lite, the trainer end to end, and its configs.
 
 Expected values are written out with their arithmetic in comments; they are not recomputed with the code under test.
@@ -49,11 +49,11 @@ def episode(num_steps, reward, success, atoms, invalid=()):
         steps[-1].reward = float(reward)
         steps[-1].done = True
         if atoms is not None:
-            steps[-1].info["verifier_atoms"] = atoms
+            steps[-1].signals["verifier_atoms"] = atoms
     return Trajectory(task={"task_id": "t"}, steps=steps, success=success)
 
 
-# The spec's case (§2.5 unit test): T = 4; success with core {k1 (t=1), k2 (t=3, depends on k1)}; failure with a
+# The hand-computed case of docs/methods/vict.md: T = 4; success with core {k1 (t=1), k2 (t=3, depends on k1)}; failure with a
 # violated atom witnessed at t=2. Returns (2, 0) with scale="none" give A = (+1, −1): mean 1, deviations ±1.
 K1 = atom("k1", "sat", 1)
 K2 = atom("k2", "sat", 3, ["k1"])
@@ -304,7 +304,7 @@ def test_no_atoms_or_zero_share_is_exactly_grpo():
         group = random_group(rng)
         assert vict_advantages(group, edge_share=0.0) == grpo_advantages(group)
         for traj in group.trajectories:
-            traj.steps[-1].info.pop("verifier_atoms", None)
+            traj.steps[-1].signals.pop("verifier_atoms", None)
         assert vict_advantages(group) == grpo_advantages(group)
 
 
@@ -314,7 +314,7 @@ def test_traced_credit_lands_only_on_edge_steps():
         group = random_group(rng, with_invalid=False)
         advantages = vict_advantages(group, scale="none")
         for traj, row in zip(group.trajectories, advantages, strict=True):
-            trace = trace_proof_edges(traj.steps[-1].info.get("verifier_atoms"), len(traj.steps), traj.success)
+            trace = trace_proof_edges(traj.steps[-1].signals.get("verifier_atoms"), len(traj.steps), traj.success)
             if trace.abstain is None:
                 assert all(a == 0.0 for t, a in enumerate(row) if t not in trace.edge_steps)
 
@@ -402,15 +402,15 @@ def test_searchqa_episodes_through_the_engine_credit_the_witness_steps(scripted,
     generator = scripted(lambda prompt, call, row, size: plans[row][call])
     engine = RolloutEngine(
         generator, PromptRenderer(tokenizer), max_turns=4, sampling=SamplingParams(max_new_tokens=16),
-        env_pool=EnvPool(env_kwargs=SEARCHQA_KWARGS), record_signals=("verify",),
+        env_pool=EnvPool(env_kwargs=SEARCHQA_KWARGS), signals=("verifier_atoms",),
     )
     batch = engine.run([SEARCHQA_TASK], num_generations=4)
     group = batch.groups[0]
     assert [t.num_steps for t in group.trajectories] == [4, 4, 4, 4]
     assert [t.success for t in group.trajectories] == [True, False, False, True]
-    assert all("verifier_atoms" in t.steps[-1].info for t in group.trajectories)
+    assert all("verifier_atoms" in t.steps[-1].signals for t in group.trajectories)
 
-    traces = [trace_proof_edges(t.steps[-1].info["verifier_atoms"], 4, t.success) for t in group.trajectories]
+    traces = [trace_proof_edges(t.steps[-1].signals["verifier_atoms"], 4, t.success) for t in group.trajectories]
     assert traces[0].edge_steps == (1, 2, 3) and traces[0].core[-1] == "answered_correctly"
     assert traces[1] == Trace(core=("answered_correctly",), edge_steps=(3,))
     assert [traces[2].abstain, traces[3].abstain] == ["missing_witness", "order"]
@@ -434,7 +434,7 @@ def test_webshop_lite_verify_output_credits_the_witness_steps():
             _, reward, done, info = env.step(action)
         assert done
         steps = [Step(observation="o", action_text=a) for a in actions]
-        steps[-1].reward, steps[-1].info["verifier_atoms"] = reward, [vars(a) for a in env.verify()]
+        steps[-1].reward, steps[-1].signals["verifier_atoms"] = reward, [vars(a) for a in env.verify()]
         return Trajectory(task={"seed": 2}, steps=steps, success=info["success"])
 
     env.reset({"seed": 2})
@@ -443,8 +443,8 @@ def test_webshop_lite_verify_output_credits_the_witness_steps():
     expert = play([search, product, *detour, citrus, size, buy])  # 7 steps; steps 2-3 witness nothing
     wrong = play([search, product, *detour, "click[lavender]", size, buy])  # wrong scent at step 4
     assert expert.success and not wrong.success
-    assert trace_proof_edges(expert.steps[-1].info["verifier_atoms"], 7, True).edge_steps == (0, 1, 4, 5, 6)
-    assert trace_proof_edges(wrong.steps[-1].info["verifier_atoms"], 7, False) == Trace(
+    assert trace_proof_edges(expert.steps[-1].signals["verifier_atoms"], 7, True).edge_steps == (0, 1, 4, 5, 6)
+    assert trace_proof_edges(wrong.steps[-1].signals["verifier_atoms"], 7, False) == Trace(
         core=("option:scent",), edge_steps=(4,)
     )
     # Binary-like outcome with scale none on returns (1.0, 0.75): A = ±0.125.
@@ -480,7 +480,7 @@ def test_env_without_verify_is_refused_at_start_up(tiny_model, tokenizer, tmp_pa
     with pytest.raises(ValueError, match=r"needs environments with verify.*'frozenlake'.*lacks verify.*searchqa"):
         VICTTrainer(model=tiny_model, args=make_config(tmp_path), train_dataset=[{"env": "frozenlake", "seed": 0}],
                     processing_class=tokenizer)
-    assert VICTTrainer.record_signals == ("verify",)
+    assert VICTTrainer.signals == ("verifier_atoms",)
 
 
 @pytest.mark.slow
@@ -522,15 +522,9 @@ def test_two_training_iterations_on_searchqa(tiny_model, tokenizer, scripted, tm
 
 @pytest.fixture
 def vict_method():
-    from trl_agents.trainers import METHODS, Method
+    from trl_agents.trainers import METHODS
 
-    added = "vict" not in METHODS
-    if added:
-        METHODS["vict"] = Method("vict", VICTConfig, VICTTrainer, {}, "arXiv 2608.28128",
-                                 inputs=("episode returns", "verifier atoms (verify)"))
-    yield METHODS["vict"]
-    if added:
-        del METHODS["vict"]
+    return METHODS["vict"]  # registered by VICTTrainer's own declaration
 
 
 VICT_CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "vict_*.yaml")))

@@ -160,11 +160,11 @@ def test_backends_give_the_same_rollouts(row_format, tokenizer, scripted):
         try:
             engine = engine_for(
                 scripted, tokenizer, pool, frozenlake_policy, max_turns=4, row_format=row_format,
-                record_snapshots=True, record_signals=("solver_value", "verify"),
+                record_snapshots=True, signals=("solver_value", "verifier_atoms"),
             )
             batch = engine.run(tasks, num_generations=3)
             assert all(s.snapshot is not None for t in batch.trajectories for s in t.steps)
-            assert all("verifier_atoms" in t.steps[-1].info for t in batch.trajectories)  # verified in the worker
+            assert all("verifier_atoms" in t.steps[-1].signals for t in batch.trajectories)  # verified in the worker
             return batch.to_rows()
         finally:
             pool.close()
@@ -386,7 +386,7 @@ def test_ray_backend_gives_the_same_rollouts(local_ray, tokenizer, scripted):
         pool = EnvPool(**pool_args)
         try:
             engine = engine_for(scripted, tokenizer, pool, frozenlake_policy, max_turns=4,
-                                record_signals=("solver_value",))
+                                signals=("solver_value",))
             return engine.run(tasks, num_generations=2).to_rows()
         finally:
             pool.close()

@@ -26,13 +26,14 @@ def solver_action(grid: str) -> str:
     return env.optimal_plan()[0]
 
 
-def make_engine(generator, tokenizer, row_format="step", max_turns=10, **kwargs):
+def make_engine(generator, tokenizer, row_format="step", max_turns=10, signals=(), **kwargs):
     return RolloutEngine(
         generator,
         PromptRenderer(tokenizer, history_length=kwargs.pop("history_length", 0), **kwargs),
         max_turns=max_turns,
         sampling=SamplingParams(max_new_tokens=4),
         row_format=row_format,
+        signals=signals,
     )
 
 
@@ -205,11 +206,11 @@ def test_env_pool_reuses_instances(tokenizer, scripted):
 
 def test_recorded_solver_values_follow_the_trajectory(tokenizer, scripted):
     generator = scripted(half_solvers(tokenizer))
-    engine = make_engine(generator, tokenizer, max_turns=8)
-    engine.record_signals = ("solver_value",)
+    engine = make_engine(generator, tokenizer, max_turns=8, signals=("solver_value",))
     batch = engine.run(TASKS[:1], num_generations=4)
     for trajectory in batch.groups[0].trajectories:
-        values = [(s.info["solver_value"], s.info["solver_value_next"]) for s in trajectory.steps]
+        values = [s.signals["solver_value"] for s in trajectory.steps]
+        assert all("solver_value" not in s.info for s in trajectory.steps)  # signals live in step.signals
         assert values[0][0] == 6.0  # 4x4 maps need 6 moves
         for (_, after), (before, _) in zip(values, values[1:]):
             assert after == before  # N(s_{t+1}) of a step is N(s_t) of the next
@@ -227,16 +228,17 @@ def test_recorded_verifier_atoms_land_on_the_last_step(tokenizer, scripted):
         def verify(self):
             return [VerifierAtom("at_goal", "sat" if self.solver_value() == 0 else "unsat", None, [])]
 
-    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8)
-    engine.record_signals = ("verify",)
+    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8, signals=("verifier_atoms",))
     batch = engine.run([{**TASKS[0], "env": "test-frozenlake-verified"}], num_generations=4)
     for trajectory in batch.groups[0].trajectories:
-        atoms = trajectory.steps[-1].info["verifier_atoms"]
+        atoms = trajectory.steps[-1].signals["verifier_atoms"]
         assert atoms == [{"name": "at_goal", "status": "sat" if trajectory.success else "unsat",
                           "witness_step": None, "depends_on": []}]
-        assert all("verifier_atoms" not in s.info for s in trajectory.steps[:-1])
-    with pytest.raises(ValueError, match="record_signals"):
-        RolloutEngine(engine.generator, engine.renderer, record_signals=("hidden",))
+        assert all("verifier_atoms" not in s.signals for s in trajectory.steps[:-1])
+    with pytest.raises(ValueError, match="Unknown signal 'hidden'"):
+        RolloutEngine(engine.generator, engine.renderer, signals=("hidden",))
+    with pytest.raises(ValueError, match="model signal"):  # computed by the trainer, not recorded by the engine
+        RolloutEngine(engine.generator, engine.renderer, signals=("entropy",))
 
 
 def test_trainer_checks_required_capabilities_at_start_up(tiny_model, tokenizer, tmp_path):
@@ -269,14 +271,14 @@ def test_verify_runs_once_per_episode_with_its_last_step_and_a_failing_one_fails
                 raise RuntimeError("no proof")
             return [VerifierAtom("at_goal", "sat", None, [])]
 
-    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8)
-    engine.record_signals = ("verify",)
+    engine = make_engine(scripted(half_solvers(tokenizer)), tokenizer, max_turns=8, signals=("verifier_atoms",))
     batch = engine.run([{**TASKS[0], "env": "test-frozenlake-counted-verify"}], num_generations=4)
     trajectories = batch.groups[0].trajectories
     assert len(calls) == len(trajectories)  # once per episode, at its end, not after every step
     for trajectory in trajectories:
         if trajectory.success:
-            assert trajectory.steps[-1].info["verifier_atoms"][0]["status"] == "sat"
+            assert trajectory.steps[-1].signals["verifier_atoms"][0]["status"] == "sat"
         else:  # the unsolved episodes' verify raised: an infrastructure failure of that episode only
-            assert trajectory.error == "verify failed: RuntimeError: no proof"
+            assert trajectory.error == "signal 'verifier_atoms' failed: RuntimeError: no proof"
+            assert trajectory.steps[-1].reward == 0.0 and trajectory.steps[-1].done is False  # the step is kept
     assert {t.success for t in trajectories} == {True, False}

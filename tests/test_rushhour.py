@@ -36,7 +36,7 @@ HAND_WRITTEN = [
     (CHAIN4, ["D-1", "C-1", "B+2", "A+4"]),
     (WALLED, ["B-1", "A+4"]),
 ]
-# The first board of CAST's in-distribution test split (methods_with_code.md §2.3).
+# The first board of CAST's in-distribution test split (docs/methods/cast.md, "The games").
 CAST_BOARD = "oEEEoooDDDBooAAoBoooooBoGGoCFFoooCoo"
 CAST_OBSERVATION = """Grid:
 . E E E . .

@@ -1,4 +1,4 @@
-"""The offline tiny model and tokenizer behave like a real chat model's (token hygiene, trl_groundwork.md §3)."""
+"""The offline tiny model and tokenizer have a real chat model's token hygiene (docs/concepts/trl_internals.md)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer, GiGPOConfig, GiGPOTrainer
 from trl_agents.envs import get_env_class, register_env
+from trl_agents.signals import ModelSignal, register_signal
 from trl_agents.testing import tiny_training_config
 
 pytestmark = pytest.mark.slow
@@ -104,19 +105,34 @@ def test_model_by_path_with_a_reference_model(tiny_model_dir, tokenizer, tmp_pat
     assert any("kl" in h for h in trainer.state.log_history)
 
 
+class ConstantSignal(ModelSignal):
+    """A model signal of 2.0 on every action token (a stand-in for teacher log-probs)."""
+
+    name = "test-constant"
+
+    def compute(self, groups, context):
+        for group in groups:
+            for trajectory in group.trajectories:
+                for step in trajectory.owned_steps:
+                    step.signals[self.name] = [2.0] * len(step.action_ids)
+
+
+register_signal("test-constant", ConstantSignal)
+
+
 class SignalTrainer(AgentGRPOTrainer):
-    """A method-variant sketch: a per-row signal added in prepare_signals, used by an auxiliary loss."""
+    """A method-variant sketch: a declared per-token signal, laid into the batch, used by an auxiliary loss."""
 
-    seen: list[tuple[int, int]] = []
+    signals = ("test-constant",)
+    training_signals = ("test-constant",)
+    seen: list[tuple[int, int, bool]] = []
 
-    def prepare_signals(self, batch, groups, output):
-        rows = output["prompt_ids"].shape[0]
-        assert rows == sum(t.num_steps for g in groups for t in g.trajectories)
-        output["teacher_weight"] = torch.full((rows,), 2.0)
-
-    def compute_auxiliary_loss(self, model, inputs):
-        self.seen.append((inputs["teacher_weight"].shape[0], inputs["prompt_ids"].shape[0]))
-        return inputs["teacher_weight"].mean() * 3.0  # 6 per micro-batch, before the accumulation scaling
+    def compute_auxiliary_loss(self, model, inputs, per_token_logps):
+        values = inputs["signal/test-constant"]
+        mask = inputs["completion_mask"].bool()
+        self.seen.append((values.shape[0], inputs["prompt_ids"].shape[0], per_token_logps.requires_grad))
+        assert values.shape == per_token_logps.shape and torch.all(values[mask] == 2.0)
+        return values[mask].mean() * 3.0  # 6 per micro-batch, before the accumulation scaling
 
 
 def test_signals_reach_the_auxiliary_loss_scaled_for_accumulation(tiny_model_dir, tokenizer, tmp_path):
@@ -130,7 +146,7 @@ def test_signals_reach_the_auxiliary_loss_scaled_for_accumulation(tiny_model_dir
         trainer = trainer_class(model=model, args=config, train_dataset=TASKS, processing_class=tokenizer)
         trainer.train()
         losses[trainer_class] = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
-    assert SignalTrainer.seen and all(signal == rows for signal, rows in SignalTrainer.seen)
+    assert SignalTrainer.seen and all(signal == rows and grad for signal, rows, grad in SignalTrainer.seen)
     # Two micro-batches each add 6 / 2 (accumulation steps): the logged step loss grows by exactly 6.
     assert losses[SignalTrainer] - losses[AgentGRPOTrainer] == pytest.approx(6.0, abs=1e-3)
 

@@ -1,8 +1,12 @@
 """Contract test: every TRL behaviour AgentGRPOTrainer relies on, pinned on TRL 1.16.
 
-AgentGRPOTrainer overrides three private methods of GRPOTrainer (`_generate_and_score_completions`,
-`_prepare_inputs`, `_compute_loss`) and calls a few more helpers. When a TRL upgrade changes any of this, a test
-here fails and names what to revisit (trl_groundwork.md §1).
+AgentGRPOTrainer (trainers/agent_grpo.py, the only file that may) overrides four private methods of GRPOTrainer and
+transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_compute_loss`, `_save`), calls and
+briefly replaces one more (`_get_per_token_logps_and_entropies`, to reuse the policy log-probs of TRL's loss in an
+auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
+`_buffered_inputs`, `_dist`, `_last_loaded_step`, plus the class attributes `_tag_names` and `_name` (model cards).
+Each is pinned here, with the reason. When a TRL upgrade changes any of this, a test
+here fails and names what to revisit (docs/concepts/trl_internals.md).
 """
 
 from __future__ import annotations
@@ -28,10 +32,87 @@ def test_trl_is_the_pinned_minor_version():
         ("_generate_and_score_completions", ["self", "inputs"]),
         ("_prepare_inputs", ["self", "generation_batch"]),
         ("_compute_loss", ["self", "model", "inputs"]),
+        ("_save", ["self", "output_dir", "state_dict"]),  # transformers.Trainer: agent_config.json + extra state
     ],
 )
 def test_overridden_methods_keep_their_signatures(method, parameters):
     assert list(inspect.signature(getattr(GRPOTrainer, method)).parameters) == parameters
+
+
+def test_the_private_methods_we_override_are_the_ones_we_know():
+    # If AgentGRPOTrainer starts overriding another TRL/transformers private method, add it to the list above.
+    ours = {name for name in vars(AgentGRPOTrainer) if name.startswith("_") and not name.startswith("__")}
+    trl = {name for cls in GRPOTrainer.__mro__ for name in vars(cls) if name.startswith("_")}
+    assert ours & trl == {"_generate_and_score_completions", "_prepare_inputs", "_compute_loss", "_save",
+                          "_tag_names", "_name"}
+
+
+@pytest.fixture
+def trainer(tiny_model, tokenizer, tmp_path):
+    """An AgentGRPOTrainer on the toy env, in train mode, with the accumulation steps the training loop would set."""
+    config = AgentGRPOConfig(output_dir=str(tmp_path), env_name="test-keyword", report_to="none",
+                             num_generations=2, per_device_train_batch_size=2, loss_type="dapo")
+    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
+                               processing_class=tokenizer)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def test_private_attributes_we_use_exist_after_init(trainer, tokenizer):
+    assert trainer._tokenizer is tokenizer  # the renderer and the generator tokenize with it
+    assert set(trainer._metrics) == {"train", "eval"} and trainer._metrics["train"]["x"] == []  # defaultdict(list)
+    # The completions table: one entry per episode is appended to these.
+    assert {"prompt", "completion", "rewards", "advantages", "extra"} <= set(trainer._logs)
+    assert trainer._step == 0 and trainer._buffered_inputs is None  # _prepare_inputs' generation schedule
+    assert hasattr(trainer._dist, "summon_full_params")  # FSDP full parameters for generation
+    assert trainer.loss_is_scaled_for_ga is True
+
+
+def test_compute_loss_gets_the_policy_log_probs_from_one_call_we_can_capture(trainer):
+    # Why an auxiliary loss can reuse TRL's per-token log-probs: `_compute_loss` calls
+    # `self._get_per_token_logps_and_entropies` once, on the policy, and the loss is a function of what it returns.
+    calls = []
+    original = trainer._get_per_token_logps_and_entropies
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append((args[0], out[0]))
+        return out
+
+    trainer._get_per_token_logps_and_entropies = spy  # what _capturing_policy_logps does
+    try:
+        loss = GRPOTrainer._compute_loss(trainer, trainer.model, _inputs())
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+    assert len(calls) == 1 and calls[0][0] is trainer.model and calls[0][1].requires_grad
+    (grad,) = torch.autograd.grad(loss, calls[0][1])
+    assert grad.abs().sum() > 0  # the loss depends on the captured tensor
+
+
+def test_use_vllm_switches_the_importance_sampling_ratio_on_in_compute_loss(trainer):
+    # Why AgentGRPOTrainer raises `use_vllm` for one `_compute_loss` call when a user-passed generator samples
+    # off-policy: TRL multiplies the per-token loss by inputs["importance_sampling_ratio"] only `if self.use_vllm`.
+    inputs = dict(_inputs(), importance_sampling_ratio=torch.full((2, 2), 2.0))
+    assert trainer.use_vllm is False and trainer.vllm_importance_sampling_correction is True
+    plain = GRPOTrainer._compute_loss(trainer, trainer.model, dict(inputs)).item()
+    trainer.use_vllm = True
+    try:
+        corrected = GRPOTrainer._compute_loss(trainer, trainer.model, dict(inputs)).item()
+    finally:
+        trainer.use_vllm = False
+    assert plain == pytest.approx(-2.0, abs=1e-5) and corrected == pytest.approx(-4.0, abs=1e-5)
+
+
+def _inputs():
+    return {
+        "prompt_ids": torch.tensor([[5, 6, 7], [0, 8, 9]]),
+        "prompt_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        "completion_ids": torch.tensor([[10, 11], [12, 0]]),
+        "completion_mask": torch.tensor([[1, 1], [1, 0]]),
+        "advantages": torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
+        "num_items_in_batch": torch.tensor(3.0),
+    }
 
 
 def test_helpers_we_call_exist_with_the_arguments_we_pass():
@@ -82,21 +163,8 @@ def test_grpo_trainer_requires_a_reward_source(tiny_model, tokenizer, tmp_path):
                     processing_class=tokenizer)
 
 
-def test_compute_loss_takes_per_token_advantages_and_the_env_mask(tiny_model, tokenizer, tmp_path):
-    config = AgentGRPOConfig(output_dir=str(tmp_path), env_name="test-keyword", report_to="none",
-                             num_generations=2, per_device_train_batch_size=2, loss_type="dapo")
-    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
-                               processing_class=tokenizer)
-    inputs = {
-        "prompt_ids": torch.tensor([[5, 6, 7], [0, 8, 9]]),
-        "prompt_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]),
-        "completion_ids": torch.tensor([[10, 11], [12, 0]]),
-        "completion_mask": torch.tensor([[1, 1], [1, 0]]),
-        "advantages": torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
-        "num_items_in_batch": torch.tensor(3.0),
-    }
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by the training loop
+def test_compute_loss_takes_per_token_advantages_and_the_env_mask(trainer):
+    inputs = _inputs()
     # On-policy (no old log-probs), the ratio is 1 and dapo's loss is -Σ A·mask / num_items = -(1+2+3)/3.
     loss = trainer._compute_loss(trainer.model, dict(inputs))
     assert loss.item() == pytest.approx(-2.0, abs=1e-5)

@@ -19,28 +19,9 @@ from typing import Any
 __version__ = "0.1.0.dev0"
 
 # Trainers import TRL (seconds); environments and the data model do not. Import lazily so that
-# `trl_agents.envs` and `trl-agents envs` stay fast.
+# `trl_agents.envs` and `trl-agents envs` stay fast. Every registered method's Config and Trainer classes (e.g.
+# `GiGPOConfig`, `BPOTrainer`) resolve from the method registry, so a new method needs no edit here.
 _LAZY = {
-    "AgentGRPOConfig": "trainers",
-    "AgentGRPOTrainer": "trainers",
-    "GiGPOConfig": "trainers",
-    "GiGPOTrainer": "trainers",
-    "VICTConfig": "trainers",
-    "VICTTrainer": "trainers",
-    "BEPOConfig": "trainers",
-    "BEPOTrainer": "trainers",
-    "ECPOConfig": "trainers",
-    "ECPOTrainer": "trainers",
-    "CASTConfig": "trainers",
-    "CASTTrainer": "trainers",
-    "SSPOConfig": "trainers",
-    "SSPOTrainer": "trainers",
-    "ProGPOConfig": "trainers",
-    "ProGPOTrainer": "trainers",
-    "SCPOConfig": "trainers",
-    "SCPOTrainer": "trainers",
-    "BiPACEConfig": "trainers",
-    "BiPACETrainer": "trainers",
     "METHODS": "trainers",
     "get_method": "trainers",
     "Step": "trajectory",
@@ -49,37 +30,28 @@ _LAZY = {
     "RolloutBatch": "trajectory",
 }
 
-__all__ = [
-    "METHODS",
-    "BiPACETrainer",
-    "BiPACEConfig",
-    "SCPOTrainer",
-    "SCPOConfig",
-    "ProGPOTrainer",
-    "ProGPOConfig",
-    "SSPOTrainer",
-    "SSPOConfig",
-    "CASTTrainer",
-    "CASTConfig",
-    "ECPOTrainer",
-    "ECPOConfig",
-    "BEPOTrainer",
-    "BEPOConfig",
-    "AgentGRPOConfig",
-    "AgentGRPOTrainer",
-    "GiGPOConfig",
-    "GiGPOTrainer",
-    "VICTConfig",
-    "VICTTrainer",
-    "Group",
-    "RolloutBatch",
-    "Step",
-    "Trajectory",
-    "get_method",
-]
+__all__ = ["METHODS", "Group", "RolloutBatch", "Step", "Trajectory", "get_method"]
+
+
+def _method_classes() -> dict[str, type]:
+    from .trainers import METHODS
+
+    classes = {}
+    for method in METHODS.values():
+        for cls in (method.trainer_class, method.config_class):
+            classes[cls.__name__] = cls
+    return classes
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name.endswith(("Config", "Trainer")):
+        classes = _method_classes()
+        if name in classes:
+            return classes[name]
     raise AttributeError(f"module 'trl_agents' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_method_classes()))

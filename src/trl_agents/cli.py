@@ -297,13 +297,15 @@ def _has_split(cls, split: str) -> bool:
 
 
 def list_methods() -> None:
-    """`trl-agents methods`: every method with its trainer, paper, hook, inputs and required env capabilities."""
+    """`trl-agents methods`: every method with its trainer, paper, hook, inputs, signals, topology, required env
+    capabilities and docs page (all read from the trainer classes' declarations)."""
     from .trainers import METHODS
 
     for name, method in METHODS.items():
         defaults = ", ".join(f"{k}={v!r}" for k, v in method.defaults.items())
-        print(f"{name:<12} {method.trainer_class.__name__:<20} {method.paper}")
+        print(f"{name:<12} {method.trainer_class.__name__:<20} {method.paper}  ({method.title}; {method.docs})")
         print(f"    hook: {method.hook}; inputs: {', '.join(method.inputs)}")
+        print(f"    signals: {', '.join(method.signals) or 'none'}; topology: {method.topology}")
         print(f"    env capabilities: {', '.join(method.env_capabilities) or 'none'}" + (f"; sets {defaults}" if defaults else ""))
 
 

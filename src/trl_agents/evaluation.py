@@ -3,9 +3,9 @@
 `evaluate_policy` plays the tasks with the same rollout engine and prompts as training (one batched generation call
 per turn), greedy by default, and summarises: success rate, mean return, mean episode length, valid-action rate. With
 sampling and `num_samples = n > 1` it also reports the unbiased pass@k of Chen et al. (2021) for k = 1, 2, 4, ... and
-n. Its turn budget `max_turns` may exceed the training one: CANOPY trains at 50 turns and evaluates at 100
-(methods_with_code.md §9.1: "Test-time budget transfer"), and `train_max_turns` records the training budget so that
-the result says which it was.
+n. Its turn budget `max_turns` may exceed the training one: CANOPY (arXiv 2609.01245) trains at 50 turns and
+evaluates at 100 ("test-time budget transfer"), and `train_max_turns` records the training budget so that the result
+says which it was.
 
 `write_eval_result` stores one evaluation as `RUN_DIR/eval/{name}.json` (the format `trl-agents push` turns into the
 model card's `model-index`), `read_eval_results` reads them all back.

@@ -25,8 +25,9 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `episode_id` | int64 | Index of the episode in its group (0..G-1). |
 | `step` | int64 | Turn index in the episode; -1 for an episode that failed before its first step (one row). |
 | `role` | string | The acting role in two-agent environments (`info["role"]`), else `"agent"`. |
-| `branch_id` | string? | Branching topologies: the branch the step belongs to. Null for independent episodes (all today). |
-| `parent_id` | string? | Branching topologies: the `branch_id` this branch forked from (null for a root or no branching). |
+| `branch_id` | string? | Tree topologies (e.g. `branching`): the episode the step belongs to (its `episode_id`). Null for independent episodes. |
+| `parent_id` | string? | Tree topologies: the `branch_id` this episode forked from (null for a root or no branching). |
+| `fork_step` | int64 | Tree topologies: the episode's first own step; its steps before it are its parent's rows (recorded once). 0 otherwise. |
 | `observation` | string | The observation shown right before the action (without history). |
 | `action_text` | string | The decoded model output of the turn. |
 | `action` | string | The action as the environment understood it: its `info["action"]` when it reports one, else the action region of the reply, normalised (`credit.base.canonical_action`). |
@@ -35,6 +36,7 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `valid` | bool | The environment accepted the action. |
 | `state_key` | string? | Canonical state before the action (`repr`), when the environment has `state_key`. |
 | `info` | string | The step's `info` dict, as JSON. |
+| `signals` | string | The step's JSON-able signals (`step.signals`: solver values, verifier atoms, teacher log-probs, ...), as JSON; `{}` when none. |
 | `episode_return` | float64 | Undiscounted return of the episode (same on every row of the episode). |
 | `success` | bool | The episode solved its task (same on every row of the episode). |
 | `error` | string? | Infrastructure failure of the episode (crash, timeout); such episodes are never trained on. |
@@ -117,6 +119,7 @@ TRAJECTORY_FEATURES = Features(
         "role": _string,
         "branch_id": _string,
         "parent_id": _string,
+        "fork_step": _int,
         "observation": _string,
         "action_text": _string,
         "action": _string,
@@ -125,6 +128,7 @@ TRAJECTORY_FEATURES = Features(
         "valid": _bool,
         "state_key": _string,
         "info": _string,
+        "signals": _string,
         "episode_return": _float,
         "success": _bool,
         "error": _string,
@@ -265,6 +269,7 @@ class TrajectoryWriter:
         directory: The shards' folder (a run's `output_dir/trajectories`); created on the first write.
         run_info: The run's `run_info.json` content; `run_id`, `config_hash`, `method` and `env` go into every row.
         rank: This process's index; processes write their own shards.
+        unrecorded_signals: Signals left out of the `signals` column (e.g. teacher prompts: long and derivable).
 
     Example:
         >>> import tempfile
@@ -273,10 +278,13 @@ class TrajectoryWriter:
         0
     """
 
-    def __init__(self, directory: str, *, run_info: Mapping[str, Any], rank: int = 0):
+    def __init__(
+        self, directory: str, *, run_info: Mapping[str, Any], rank: int = 0, unrecorded_signals: Sequence[str] = ()
+    ):
         self.directory = directory
         self.run_info = dict(run_info)
         self.rank = rank
+        self.unrecorded_signals = tuple(unrecorded_signals)
         self.next_rollout = self._resume()
 
     def _resume(self) -> int:
@@ -307,8 +315,9 @@ class TrajectoryWriter:
 
         Args:
             batch: The rollout, every episode included (failed ones too).
-            advantages: (group index, episode id) -> one advantage per step, for the episodes that were trained on;
-                the steps of the others get null.
+            advantages: (group index, episode id) -> one advantage per step the episode owns (all its steps,
+                unless it forked from a parent), for the episodes that were trained on; the steps of the others get
+                null.
             global_step: Optimizer steps completed when the rollout was generated.
         """
         rollout = self.next_rollout
@@ -334,7 +343,7 @@ class TrajectoryWriter:
             group_id = f"{rollout}-{self.rank}-{group_index}"
             for trajectory in group.trajectories:
                 values = None if trajectory.failed else advantages.get((group_index, trajectory.episode_id))
-                for index, step in enumerate(trajectory.steps or [None]):  # to_rows' order, one row per step
+                for index, step in enumerate(trajectory.owned_steps or [None]):  # to_rows' order, one row per step
                     extra["group_id"].append(group_id)
                     extra["episode_uid"].append(f"{group_id}-{trajectory.episode_id}")
                     env = trajectory.task.get("env") or self.run_info.get("env")
@@ -350,10 +359,8 @@ class TrajectoryWriter:
             "rollout": rollout,
             "rank": self.rank,
             "global_step": global_step,
-            "branch_id": None,
-            "parent_id": None,
         }
-        return [{**common, **row} for row in batch.to_rows(extra)]
+        return [{**common, **row} for row in batch.to_rows(extra, skip_signals=self.unrecorded_signals)]
 
 
 def shard_files(directory: str) -> list[str]:

@@ -94,7 +94,7 @@ class RunArguments:
     warm_start_target_success: float | None = field(
         default=None,
         metadata={"help": "Stop the warm start once greedy validation success reaches this (None = run all steps). "
-        "A medium start leaves RL both successes to learn from and room to improve (quickstart_probe.md)."},
+        "A medium start leaves RL both successes to learn from and room to improve (docs/concepts/warm_start.md)."},
     )
     warm_start_min_steps: int = field(
         default=0,

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 PAD_TOKEN = "<|endoftext|>"
 BOS_TURN_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
-# Qwen adds these as non-special tokens, so decoding keeps them (trl_groundwork.md §3, "token hygiene").
+# Qwen adds these as non-special tokens, so decoding keeps them (docs/concepts/trl_internals.md, "token hygiene").
 MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 
 _BASE_CORPUS = (

@@ -44,6 +44,12 @@ class Step:
         env_ids: Conversation format only: the tokens appended after the action (end of turn, the next observation,
             the next generation prompt). They are context, never trained on.
         snapshot: Environment snapshot taken before the action, for branching topologies (never serialised).
+        signals: Values of the signals the trainer asked for (`trl_agents.signals`), by signal name: environment
+            signals (e.g. `"solver_value"`, `"verifier_atoms"`) recorded where the environment lives, and model
+            signals (e.g. `"teacher_logprobs"`, `"entropy"`) computed after the rollout. JSON-able values are also
+            written to the trajectory records (`signals` column).
+        prompt_parts: What the step prompt was rendered from (system, task, history window, observation), so that
+            a privileged view can render the same prompt with extra text for a teacher (never serialised).
     """
 
     observation: str
@@ -58,6 +64,25 @@ class Step:
     info: dict[str, Any] = field(default_factory=dict)
     env_ids: list[int] = field(default_factory=list)
     snapshot: Any = None
+    signals: dict[str, Any] = field(default_factory=dict)
+    prompt_parts: PromptParts | None = None
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """The inputs a step prompt was rendered from (`PromptRenderer.step_messages` / `conversation_prompt_ids`).
+
+    Args:
+        system: The system message (the environment's instructions, or the configured system prompt).
+        task: The task text repeated in every prompt (`env.task_description()`, often empty).
+        history: The (observation, action) pairs shown, oldest first (step format; empty in conversation format).
+        observation: The observation of this turn (conversation format: the first observation of the episode).
+    """
+
+    system: str
+    task: str
+    history: tuple[tuple[str, str], ...]
+    observation: str
 
 
 @dataclass
@@ -73,6 +98,11 @@ class Trajectory:
         episode_id: Index of this episode within its group (0..G-1).
         task_text: The goal as the environment states it in every prompt (`env.task_description()`; often empty
             when the first observation says it all). Kept for display (completions tables), not serialised.
+        parent_id: Tree topologies: the `episode_id` of the trajectory this one forked from (None for a root, and
+            for every episode of the independent topology).
+        fork_step: Tree topologies: `steps[:fork_step]` are the parent's steps, the very same `Step` objects (the
+            shared prefix, generated and recorded once); the steps from `fork_step` on are this trajectory's own.
+            0 for roots.
     """
 
     task: dict[str, Any]
@@ -81,6 +111,13 @@ class Trajectory:
     error: str | None = None
     episode_id: int = 0
     task_text: str = ""
+    parent_id: int | None = None
+    fork_step: int = 0
+
+    @property
+    def owned_steps(self) -> list[Step]:
+        """The steps this trajectory generated itself (all of them, unless it forked from a parent)."""
+        return self.steps[self.fork_step :]
 
     @property
     def episode_return(self) -> float:
@@ -112,6 +149,18 @@ class Group:
         """This group without infrastructure-failed episodes (what credit functions and training see)."""
         return Group(task=self.task, trajectories=[t for t in self.trajectories if not t.failed])
 
+    @property
+    def is_tree(self) -> bool:
+        """Whether some trajectory forked from another (a branching topology): the group is a tree of episodes."""
+        return any(t.parent_id is not None for t in self.trajectories)
+
+    def trajectory(self, episode_id: int) -> Trajectory:
+        """The trajectory with this `episode_id`."""
+        for trajectory in self.trajectories:
+            if trajectory.episode_id == episode_id:
+                return trajectory
+        raise KeyError(f"no trajectory with episode_id {episode_id} in the group of task {self.task_id}")
+
     def __len__(self) -> int:
         return len(self.trajectories)
 
@@ -123,8 +172,10 @@ def task_id(task: dict[str, Any]) -> str:
     return json.dumps(task, sort_keys=True, default=str)
 
 
-# Columns of the flat row format, one row per step. Lists stay lists; `state_key` and `info` are stored as strings
-# (repr / JSON) so that any environment's keys survive a parquet round trip.
+# Columns of the flat row format, one row per step. Lists stay lists; `state_key`, `info` and `signals` are stored as
+# strings (repr / JSON) so that any environment's keys survive a parquet round trip. A forked trajectory (tree
+# topologies) has rows for its own steps only (`step` counts from the root, so its first row's `step` is its
+# `fork_step`); `branch_id` is its episode id and `parent_id` its parent's, both null outside trees.
 ROW_COLUMNS = (
     "task",
     "task_id",
@@ -145,26 +196,41 @@ ROW_COLUMNS = (
     "episode_return",
     "success",
     "error",
+    "branch_id",
+    "parent_id",
+    "fork_step",
+    "signals",
 )
 
 
 @dataclass
 class RolloutBatch:
-    """All groups of one rollout (one generation batch), with conversion to and from flat step rows."""
+    """All groups of one rollout (one generation batch), with conversion to and from flat step rows.
+
+    `stats` holds the rollout's accounting (not serialised): `generated_tokens`, `env_steps`, `generation_calls`,
+    `episodes`, and the topology's own numbers under `topology/...` (e.g. episodes per task of an adaptive group).
+    """
 
     groups: list[Group] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def trajectories(self) -> list[Trajectory]:
         return [traj for group in self.groups for traj in group.trajectories]
 
-    def to_rows(self, extra: dict[str, Iterable[Any]] | None = None) -> list[dict[str, Any]]:
-        """Flatten to one dict per step (episodes without steps, e.g. a failed reset, get one row with step=-1).
+    def to_rows(
+        self, extra: dict[str, Iterable[Any]] | None = None, skip_signals: Iterable[str] = ()
+    ) -> list[dict[str, Any]]:
+        """Flatten to one dict per step (episodes without steps of their own, e.g. a failed reset, get one row with
+        step=-1). A forked trajectory contributes its own steps only: the shared prefix is its parent's rows.
 
-        `extra` maps a column name to one value per row (in row order), e.g. the advantages used in training.
+        `extra` maps a column name to one value per row (in row order), e.g. the advantages used in training;
+        `skip_signals` names signals left out of the `signals` column.
         """
+        skip = set(skip_signals)
         rows = []
         for group_index, group in enumerate(self.groups):
+            tree = group.is_tree
             for traj in group.trajectories:
                 common = {
                     "task": json.dumps(traj.task, sort_keys=True, default=str),
@@ -174,9 +240,12 @@ class RolloutBatch:
                     "episode_return": traj.episode_return,
                     "success": traj.success,
                     "error": traj.error,
+                    "branch_id": str(traj.episode_id) if tree else None,
+                    "parent_id": None if traj.parent_id is None else str(traj.parent_id),
+                    "fork_step": traj.fork_step,
                 }
-                steps = traj.steps or [None]
-                for index, step in enumerate(steps):
+                steps = traj.owned_steps or [None]
+                for index, step in enumerate(steps, start=traj.fork_step):
                     if step is None:
                         rows.append({**common, **_empty_step_columns()})
                         continue
@@ -195,6 +264,7 @@ class RolloutBatch:
                             "valid": bool(step.valid),
                             "state_key": None if step.state_key is None else repr(step.state_key),
                             "info": json.dumps(step.info, sort_keys=True, default=str),
+                            "signals": signals_json({k: v for k, v in step.signals.items() if k not in skip}),
                         }
                     )
         if extra:
@@ -210,7 +280,9 @@ class RolloutBatch:
     def from_rows(cls, rows: Iterable[dict[str, Any]]) -> RolloutBatch:
         """Rebuild groups and trajectories from `to_rows()` output (or a `datasets.Dataset` of it).
 
-        `state_key` comes back as its string form; equal keys stay equal, which is all grouping needs.
+        `state_key` comes back as its string form; equal keys stay equal, which is all grouping needs. `signals`
+        come back as their JSON values. A forked trajectory gets its parent's first `fork_step` steps back (the same
+        `Step` objects), as the rollout built it.
         """
         groups: dict[int, Group] = {}
         trajectories: dict[tuple[int, int], Trajectory] = {}
@@ -219,8 +291,10 @@ class RolloutBatch:
             group = groups.setdefault(row["group_index"], Group(task=task))
             key = (row["group_index"], row["episode_id"])
             if key not in trajectories:
+                parent = row.get("parent_id")
                 trajectories[key] = Trajectory(
-                    task=task, success=bool(row["success"]), error=row["error"], episode_id=row["episode_id"]
+                    task=task, success=bool(row["success"]), error=row["error"], episode_id=row["episode_id"],
+                    parent_id=None if parent is None else int(parent), fork_step=int(row.get("fork_step") or 0),
                 )
                 group.trajectories.append(trajectories[key])
             if row["step"] < 0:
@@ -238,8 +312,13 @@ class RolloutBatch:
                     valid=row["valid"],
                     state_key=row["state_key"],
                     info=json.loads(row["info"]),
+                    signals=json.loads(row.get("signals") or "{}"),
                 )
             )
+        for (group_index, _), trajectory in sorted(trajectories.items()):  # parents have the lower episode ids
+            if trajectory.parent_id is not None:
+                parent = trajectories[(group_index, trajectory.parent_id)]
+                trajectory.steps[:0] = parent.steps[: trajectory.fork_step]
         return cls(groups=[groups[k] for k in sorted(groups)])
 
     def to_dataset(self, extra: dict[str, Iterable[Any]] | None = None):
@@ -251,6 +330,19 @@ class RolloutBatch:
     @classmethod
     def from_dataset(cls, dataset) -> RolloutBatch:
         return cls.from_rows(dataset)
+
+
+def signals_json(signals: dict[str, Any]) -> str:
+    """The JSON-able signals of a step, as one JSON object string (tensors and other values JSON cannot hold, e.g.
+    hidden states, are left out: they live on the `Step` only)."""
+    kept = {}
+    for name, value in signals.items():
+        try:
+            json.dumps(value, allow_nan=True)
+        except (TypeError, ValueError):
+            continue
+        kept[name] = value
+    return json.dumps(kept, sort_keys=True)
 
 
 def _empty_step_columns() -> dict[str, Any]:
@@ -267,4 +359,5 @@ def _empty_step_columns() -> dict[str, Any]:
         "valid": False,
         "state_key": None,
         "info": "{}",
+        "signals": "{}",
     }

@@ -5,7 +5,7 @@ A model that never emits a valid action gets no learning signal from RL. For env
 prompt-completion example rendered exactly as the RL prompts are (same system message, history window and
 observation text), and `warm_start` fine-tunes on them. `SuccessStopper` evaluates greedy success every few steps
 and stops once a target is reached: too strong a warm start leaves RL nothing to learn, too weak gives it no
-successes to learn from (quickstart_probe.md, "Lessons").
+successes to learn from (docs/concepts/warm_start.md, "Lessons").
 
 Example:
     >>> from trl_agents.warmstart import solver_demonstrations

@@ -23,6 +23,15 @@ from .base import (
 )
 from .bepo import BellmanCredit, bellman_credit, bepo_advantages, bepo_advantages_with_stats
 from .bipace import bipace_advantages, bipace_advantages_with_stats, greedy_cosine_clusters, pace_step_advantages
+from .bpo import SiblingSet, bpo_advantages, bpo_advantages_with_stats, sibling_sets
+from .canopy import (
+    canopy_advantages,
+    canopy_advantages_with_stats,
+    carries_signal,
+    coverage_stats,
+    group_size_for_coverage,
+    signal_probability,
+)
 from .cast import cast_advantages, cast_advantages_with_stats
 from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advantages_with_stats
 from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
@@ -37,6 +46,7 @@ __all__ = [
     "AnchorEvidence",
     "BellmanCredit",
     "CREDIT_ESTIMATORS",
+    "SiblingSet",
     "StateScoreTable",
     "StepAdvantages",
     "anchor_evidence",
@@ -46,6 +56,12 @@ __all__ = [
     "bepo_advantages_with_stats",
     "bipace_advantages",
     "bipace_advantages_with_stats",
+    "bpo_advantages",
+    "bpo_advantages_with_stats",
+    "canopy_advantages",
+    "canopy_advantages_with_stats",
+    "carries_signal",
+    "coverage_stats",
     "canonical_action",
     "cast_advantages",
     "cast_advantages_with_stats",
@@ -57,6 +73,7 @@ __all__ = [
     "gigpo_advantages",
     "gigpo_advantages_with_stats",
     "greedy_cosine_clusters",
+    "group_size_for_coverage",
     "grpo_advantages",
     "normalize_text",
     "pace_step_advantages",
@@ -67,6 +84,8 @@ __all__ = [
     "rloo_advantages",
     "scpo_advantages",
     "scpo_advantages_with_stats",
+    "sibling_sets",
+    "signal_probability",
     "sspo_advantages",
     "sspo_advantages_with_stats",
     "trace_proof_edges",

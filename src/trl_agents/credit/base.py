@@ -6,8 +6,9 @@ trajectory of `group.trajectories` (same order), one advantage per step (same or
 zero-step trajectories give `[]` rows.
 
 Invalid-action penalty λ (`invalid_penalty`), applied to every step row with `step.valid == False`. verl-agent
-subtracts λ from the row's score before its group statistics (anchor_verl_agent.md §1.5 and §1.9, step 2). We follow
-it when the statistic is taken over step rows, and change the order when it is taken over trajectories:
+subtracts λ from the row's score before its group statistics (docs/concepts/verl_agent_conventions.md, "Invalid
+actions and their penalty"). We follow it when the statistic is taken over step rows, and change the order when it
+is taken over trajectories:
 
 * statistic over STEP ROWS (verl-agent):   s_{i,t} = R_i − λ·[invalid_{i,t}],  μ, σ over all s_{i,t} of the group,
   A_{i,t} = (s_{i,t} − μ)/(σ + ε)  or  s_{i,t} − μ.
@@ -26,12 +27,12 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Callable, Hashable, Sequence
 
 from ..envs.parsing import extract_answer
+from ..names import did_you_mean
 from ..trajectory import Group, Step
 
 StepAdvantages = list[list[float]]
@@ -68,8 +69,7 @@ def get_estimator(name: str) -> CreditEstimator:
         return CREDIT_ESTIMATORS[name]
     except (KeyError, TypeError):
         known = sorted(CREDIT_ESTIMATORS)
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, known)
         raise ValueError(f"Unknown credit estimator {name!r}. Known: {', '.join(known)}.{hint}") from None
 
 

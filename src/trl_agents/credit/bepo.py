@@ -1,26 +1,26 @@
 """Gated-BEPO advantages: the GRPO episode advantage plus Bellman credit from the group's empirical rollout graph, used
 only at states whose observed successors disagree.
 
-Gated-BEPO (Yan, Huang, Fan, Liu 2026, arXiv 2608.06861), as specified in methods_specs.md §2.1; the mean-backup
+Gated-BEPO (Yan, Huang, Fan, Liu 2026, arXiv 2608.06861), as specified in docs/methods/bepo.md; the mean-backup
 fixed point is the construction of the related CRBC paper (Eq. 5-14). Per group, on the anchors s of its steps:
 
-    x_{i,t}   = s_{i,t+1}; after the last step z⁺ (success) or z⁻ (failure, time-outs included)    §2.1.1 graph
+    x_{i,t}   = s_{i,t+1}; after the last step z⁺ (success) or z⁻ (failure, time-outs included)    step 1 graph
     M(s,x)    = Σ_a μ(a|s)·P(x|s,a) = N(s→x)/N(s)        (the action cancels)                        CRBC Eq. 5
     b(s)      = Σ_a μ(a|s) Σ_x P(x|s,a)·r̄(s,a,x) = Σ_{visits of s} r / N(s)                          CRBC Eq. 7
     V         = (I − βM)⁻¹ b,   V(z⁺) = V(z⁻) = 0         mean-backup fixed point, solved exactly     CRBC Eq. 8-9
-    δ_{i,t}   = r_{i,t} + β·V(x_{i,t}) − V(s_{i,t})                                                   §2.1.4 TD
-    A^B_{i,t} = Σ_{l≥0} (βλ)^l δ_{i,t+l}                                                              §2.1.5 GAE
-    g(s)      = 1[ |{x : N(s→x) > 0}| ≥ 2 ]   (z⁺, z⁻ count; or ≥ 2 canonical actions, CRBC Eq. 13)  §2.1.6 gate
-    w(s)      = min(1, N(s)/n₀)               (or w ≡ 1)                                              §2.1.7 mixing
-    A_{i,t}   = A^GRPO_i + g(s)·w(s)·A^B_{i,t}/(σ_B + ε),  σ_B = std of A^B over the gated rows       §2.1.7 fusion
+    δ_{i,t}   = r_{i,t} + β·V(x_{i,t}) − V(s_{i,t})                                                   step 4 TD
+    A^B_{i,t} = Σ_{l≥0} (βλ)^l δ_{i,t+l}                                                              step 5 GAE
+    g(s)      = 1[ |{x : N(s→x) > 0}| ≥ 2 ]   (z⁺, z⁻ count; or ≥ 2 canonical actions, CRBC Eq. 13)  step 6 gate
+    w(s)      = min(1, N(s)/n₀)               (or w ≡ 1)                                              step 7 mixing
+    A_{i,t}   = A^GRPO_i + g(s)·w(s)·A^B_{i,t}/(σ_B + ε),  σ_B = std of A^B over the gated rows       step 7 fusion
 
 The system is always well posed, cycles included: every anchor lies on an observed trajectory, and every trajectory
 ends in z⁺ or z⁻, so from every anchor the absorbing exits are reachable and βM has spectral radius < 1 (also at
 β = 1). A state seen once has a single successor: its gate is closed and its rows keep the pure episode credit, so a
 group whose states never repeat gets GRPO exactly; a group without rewards (or with the same rewards along the same
 states) has δ = 0 everywhere and gets A^GRPO (0 plus the invalid-action penalty).
-`r` is the environment reward of the step (with terminal-only rewards the last step's r is the episode return R_i,
-the spec's reading); the invalid-action penalty enters once, through A^GRPO, never the graph (our choice).
+`r` is the environment reward of the step (with terminal-only rewards the last step's r is the episode return R_i);
+the invalid-action penalty enters once, through A^GRPO, never the graph (our choice; docs/methods/bepo.md#our-choices).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ SUCCESS_EXIT, FAILURE_EXIT = -1, -2
 
 @dataclass(frozen=True)
 class BellmanCredit:
-    """The Bellman side of Gated-BEPO for one group (methods_specs.md §2.1, steps 1-6).
+    """The Bellman side of Gated-BEPO for one group (docs/methods/bepo.md#equations, steps 1-6).
 
     Attributes:
         values: V(s) of every anchor (keys as anchors are formed: state keys, observations or cluster labels).
@@ -88,7 +88,7 @@ def bellman_credit(
     The arguments are those of `bepo_advantages_with_stats` (`lam` is the GAE λ). Raises a ValueError on non-finite
     rewards.
 
-    Example (methods_specs.md §2.1 unit test, β = λ = 1: A, D: s0→s1→✓; B: s0→s1→✗; C: s0→s2→✗):
+    Example (docs/methods/bepo.md#hand-computed-case, β = λ = 1: A, D: s0→s1→✓; B: s0→s1→✗; C: s0→s2→✗):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(second_state, reward):
         ...     steps = [Step("s0", "a"), Step(second_state, "b", reward=reward)]
@@ -109,7 +109,7 @@ def bellman_credit(
     if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
         raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {similarity_threshold}")
 
-    # §2.1.1: number the anchors; every step row is one observed transition s → x with its reward r. Rows are
+    # Step 1: number the anchors; every step row is one observed transition s → x with its reward r. Rows are
     # flattened trajectory by trajectory: x is the next row's anchor, or z⁺/z⁻ after a trajectory's last row.
     anchors = group_anchors(group, anchor, similarity_threshold)
     index: dict[Hashable, int] = {}
@@ -143,7 +143,7 @@ def bellman_credit(
     )
     value = np.atleast_1d(spsolve(system, mean_reward)) if num_nodes else np.zeros(0)
 
-    # §2.1.6: distinct successors (z⁺ and z⁻ included) and, for the actions gate, distinct canonical actions.
+    # Step 6: distinct successors (z⁺ and z⁻ included) and, for the actions gate, distinct canonical actions.
     successors = _distinct_per_anchor(src, dst - FAILURE_EXIT, num_nodes)
     actions = None
     if gate == "actions":
@@ -157,10 +157,10 @@ def bellman_credit(
     else:
         open_gate = np.ones(num_nodes, dtype=bool)
 
-    # §2.1.4: δ = r + βV(x) − V(s), with V(z±) = 0 (index num_nodes of the extended values).
+    # Step 4: δ = r + βV(x) − V(s), with V(z±) = 0 (index num_nodes of the extended values).
     extended = np.append(value, 0.0)
     delta = (rewards + gamma * extended[np.where(inner, dst, num_nodes)] - value[src]).tolist()
-    # §2.1.5: GAE backwards within each trajectory, A^B_t = δ_t + βλ·A^B_{t+1} (0 after the last step).
+    # Step 5: GAE backwards within each trajectory, A^B_t = δ_t + βλ·A^B_{t+1} (0 after the last step).
     gae = [0.0] * len(delta)
     for start, end in pairwise(bounds):
         running = 0.0
@@ -215,7 +215,8 @@ def bepo_advantages(
 
     See `bepo_advantages_with_stats` for the arguments; this returns only the advantages.
 
-    Example (methods_specs.md §2.1 toy group, β = λ = 1; the gate of s2 is closed, so C's last step keeps A^GRPO):
+    Example (the toy group of docs/methods/bepo.md, β = λ = 1; the gate of s2 is closed, so C's last step keeps
+    A^GRPO):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(second_state, reward):
         ...     steps = [Step("s0", "a"), Step(second_state, "b", reward=reward)]
@@ -264,17 +265,17 @@ def bepo_advantages_with_stats(
 
     Args:
         group: The healthy trajectories of one task.
-        gamma: β ∈ (0, 1], discount of the backup, the TD residuals and the GAE (our choice 0.95, the spec's
-            pseudo-code default and verl-agent's γ; CRBC used 0.98; methods_specs.md §2.1.3).
-        lam: GAE λ ∈ [0, 1] (our choice 0.95, §2.1.5 [D]); 0 gives the one-step credit Q − V of CRBC, 1 gives the
+        gamma: β ∈ (0, 1], discount of the backup, the TD residuals and the GAE (our choice 0.95, verl-agent's γ;
+            CRBC used 0.98; docs/methods/bepo.md#our-choices).
+        lam: GAE λ ∈ [0, 1] (our choice 0.95, step 5 [D]); 0 gives the one-step credit Q − V of CRBC, 1 gives the
             discounted return minus V(s_t).
         gate: "successors": open at anchors with ≥ 2 distinct observed successors, z⁺/z⁻ included (our choice,
-            §2.1.6 [D]); "actions": ≥ 2 distinct canonical actions (CRBC Eq. 13); "none": always open (the
+            step 6 [D]); "actions": ≥ 2 distinct canonical actions (CRBC Eq. 13); "none": always open (the
             "+fixed-point credit" ablation).
-        mixing: "visits": w = min(1, N(s)/n0) (our choice, §2.1.7 [D] "adaptive mixing"); "fixed": w = 1.
-        n0: Visits at which the Bellman credit gets full weight (our choice 4, §2.1.7 [D]).
+        mixing: "visits": w = min(1, N(s)/n0) (our choice, step 7 [D] "adaptive mixing"); "fixed": w = 1.
+        n0: Visits at which the Bellman credit gets full weight (our choice 4, step 7 [D]).
         bellman_norm: "std": A^B divided by (σ_B + ε), σ_B the Bessel std of A^B over the gated rows of the group
-            (our choice, §2.1.7 [D]; the spec's "batch" std, taken per group as its pseudo-code does); "none".
+            (our choice, step 7 [D]: a "batch" std, taken per group; docs/methods/bepo.md#our-choices); "none".
         episode_scale, episode_statistic: A^GRPO, as `grpo_advantages(scale=..., statistic=...)`.
         anchor, similarity_threshold: What identifies a graph node, as in `gigpo_advantages`.
         merge_invalid_actions: Treat every rejected action as one canonical action (only `gate="actions"` reads
@@ -298,7 +299,7 @@ def bepo_advantages_with_stats(
     episode = grpo_advantages(
         group, scale=episode_scale, statistic=episode_statistic, invalid_penalty=invalid_penalty
     )
-    # §2.1.1-2.1.6: graph, V, δ, A^B, gate.
+    # Steps 1-6: graph, V, δ, A^B, gate.
     bellman = bellman_credit(
         group,
         gamma=gamma,
@@ -309,7 +310,7 @@ def bepo_advantages_with_stats(
         merge_invalid_actions=merge_invalid_actions,
     )
 
-    # §2.1.7: Â^B = A^B/(σ_B + ε) over the gated rows; A = A^GRPO + g·w·Â^B (rows flattened, then split back).
+    # Step 7: Â^B = A^B/(σ_B + ε) over the gated rows; A = A^GRPO + g·w·Â^B (rows flattened, then split back).
     a_e = np.array(list(chain.from_iterable(episode)), dtype=np.float64)
     a_b = np.array(list(chain.from_iterable(bellman.advantages)), dtype=np.float64)
     gated = np.array(list(chain.from_iterable(bellman.gated)), dtype=bool)

@@ -2,7 +2,7 @@
 states the policy itself represents alike.
 
 BiPACE (Bisimulation-Guided Policy Optimization + Action Counterfactual Estimation, arXiv 2606.25556; spec and
-provenance: /work/shared/research/methods_with_code.md §4), built on verl-agent/GiGPO. For the steps (i, t) of ONE
+provenance: docs/methods/bipace.md), built on verl-agent/GiGPO. For the steps (i, t) of ONE
 group (the G episodes of one task), rows taken trajectory by trajectory, step by step:
 
     φ_{i,t}   = f_θ(s_{i,t}) / ‖f_θ(s_{i,t})‖₂              BiGPO: the policy's hidden state of the step prompt at a
@@ -23,7 +23,7 @@ Consequences: a singleton cluster, a cluster where every member took the same ac
 returns ρ gives Â^S = 0 exactly. So when every episode earns the same rewards at the same turns (all actions valid),
 A^ep = 0 and every advantage is exactly 0 as long as no cluster mixes turns with different returns (always, for
 all-zero rewards). Without hidden states the clusters are the exact state keys: GiGPO's special case ε = 0 with a
-one-hot identity embedder (§4.1).
+one-hot identity embedder (docs/methods/bipace.md#what-it-does).
 
 Example (two states in 2-D, one taken twice with different actions):
     >>> from trl_agents.trajectory import Group, Step, Trajectory
@@ -60,7 +60,7 @@ PACE_ESTIMATORS = ("q_style", "diff_peer")
 ACTION_KEYS = ("action_tag", "first_tokens")
 CENTROIDS = ("mean", "first")
 EPISODE_MODES = ("mean_norm", "mean_std_norm")
-FIRST_TOKENS = 8  # the spec's `first-token` key: the first 8 response tokens (§4.1)
+FIRST_TOKENS = 8  # the README's `first-token` key: the first 8 response tokens (docs/methods/bipace.md#equations)
 DISTANCE_TOLERANCE = 1e-6  # rounding slack on d ≤ ε (float32 states), so identical directions always meet ε = 0
 
 
@@ -132,10 +132,11 @@ def bipace_advantages_with_stats(
         action_key: "action_tag": the env's canonical action `step.info["action"]` when present, else the answer
             region of the reply (`<action>` body, `extract_answer`), lower-cased with whitespace collapsed;
             "first_tokens": the first 8 action token ids.
-        centroid: "mean": the re-normalised running mean of the members' unit vectors (our choice, §4.5);
+        centroid: "mean": the re-normalised running mean of the members' unit vectors (our choice,
+            docs/methods/bipace.md#our-choices);
             "first": the first member's (as GiGPO's similarity mode compares with a cluster's first member).
         episode_mode: Normalisation of A^ep: "mean_norm" (R − μ) or "mean_std_norm" ((R − μ)/(σ + eps)). Â^S is not
-            normalised (Q̂ − V̂ is already centred; §4.5).
+            normalised (Q̂ − V̂ is already centred; docs/methods/bipace.md#our-choices).
         statistic: Population of A^ep's μ, σ: "step_rows" (verl-agent) or "trajectories" (see
             `trl_agents.credit.base`); a population of one gets μ = 0, σ = 1 as in verl-agent GiGPO.
         invalid_penalty: λ, on steps with `valid=False`, in A^ep and in ρ.

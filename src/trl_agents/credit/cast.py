@@ -2,7 +2,7 @@
 
 CAST (Credit Assignment from Solver Teachers, arXiv 2607.25308), with the semantics of the reference code
 (`Wloner0809/CAST`: `rllm/trainer/verl/oracle_advantage_mapping.py::mapping_cast` / `mapping_cast_ablate`, the
-games' `step()`; methods_with_code.md §2.1):
+games' `step()`; docs/methods/cast.md#equations):
 
     Ã_{i,t} = N(s_t) − N(s_{t+1})                 solver advantage of turn t, N = solver cost-to-go (boundary rules
                                                   below; an invalid action gives Ã = 0)
@@ -26,8 +26,10 @@ Boundary rules (INF = unsolvable):
   otherwise both INF → 0; only K(s_{t+1}) = INF → −K(s_t); only K(s_t) = INF → +K(s_{t+1}) ("rescue");
   else K(s_t) − K(s_{t+1}).
 
-N(s_t) and N(s_{t+1}) come from `step.info["solver_value"]` / `["solver_value_next"]`, which the rollout engine
-records when the trainer asks for the `"solver_value"` signal.
+N(s_t) and N(s_{t+1}) come from the `"solver_value"` signal, `step.signals["solver_value"] = (N(s_t), N(s_{t+1}))`,
+which the rollout engine records where the environment lives when the trainer declares it (`trl_agents.signals`).
+Which rules a group gets follows its environment's `solver_semantics` (the env contract, `envs/base.py`). The
+board's number of safe cells that a Minesweeper rescue win earns is the env's `info["safe_cells"]`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def cast_advantages(
     Example (one task, two episodes; A solves it in two optimal moves, B makes a fatal move from N = 2):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def turn(before, after, reward=0.0):
-        ...     return Step("s", "a", reward=reward, info={"solver_value": before, "solver_value_next": after})
+        ...     return Step("s", "a", reward=reward, signals={"solver_value": (before, after)})
         >>> solved = Trajectory(task={}, steps=[turn(2, 1), turn(1, 0, reward=1.0)])
         >>> fatal = Trajectory(task={}, steps=[turn(2, float("inf"))])
         >>> advantages = cast_advantages([Group(task={}, trajectories=[solved, fatal])])
@@ -99,8 +101,8 @@ def cast_advantages_with_stats(
     """CAST advantages of a batch of groups, plus diagnostics.
 
     Args:
-        groups: The groups of one rollout (healthy trajectories only), each step carrying `info["solver_value"]`
-            and `info["solver_value_next"]`.
+        groups: The groups of one rollout (healthy trajectories only), each step carrying the `"solver_value"`
+            signal (N(s_t), N(s_{t+1})).
         alpha: α, weight of the shaped solver term (paper 0.1; the code's default when unset is 0.3).
         transform: g: "asinh" (CAST), "identity" or "signed_log" (the `cast_ablate` ablation).
         norm: "rms" (divide g by the batch RMS, CAST) or "none" (the ablation without normalisation).
@@ -109,7 +111,7 @@ def cast_advantages_with_stats(
         invalid_penalty: λ, subtracted on steps with `valid=False` after the rest (CAST has none: 0).
         eps: ε of h = g / (RMS + ε) (CAST `cast_eps`, 1e-8).
         reduce_moments: Maps the local (Σ g², count) to the batch's; the trainer passes a sum over processes so
-            that RMS_B covers the global batch (methods_with_code.md §2.7). None: this call's groups are the batch.
+            that RMS_B covers the global batch (docs/methods/cast.md, 'Our choices'). None: this call's groups are the batch.
 
     Returns:
         (advantages, stats): `advantages[g][i][t]`, and {"rms": RMS_B, "solver_advantage_mean": mean Ã over local
@@ -183,7 +185,7 @@ def solver_advantages(group: Group, rule: str = "shortest_path") -> StepAdvantag
 
     >>> from trl_agents.trajectory import Group, Step, Trajectory
     >>> inf = float("inf")
-    >>> steps = [Step("s", "a", info={"solver_value": n, "solver_value_next": m}) for n, m in [(3, 2), (2, inf), (inf, inf)]]
+    >>> steps = [Step("s", "a", signals={"solver_value": (n, m)}) for n, m in [(3, 2), (2, inf), (inf, inf)]]
     >>> solver_advantages(Group(task={}, trajectories=[Trajectory(task={}, steps=steps)]))
     [[1.0, -2.0, 0.0]]
     """
@@ -230,11 +232,11 @@ def _transform(x: float, name: str) -> float:
 
 def _solver_values(step: Step) -> tuple[float, float]:
     try:
-        before, after = step.info["solver_value"], step.info["solver_value_next"]
+        before, after = step.signals["solver_value"]
     except KeyError:
         raise ValueError(
-            "CAST needs the solver values N(s_t), N(s_{t+1}) in step.info['solver_value'] / ['solver_value_next']: "
-            "run the rollout with record_signals=('solver_value',) (CASTTrainer does) on an environment with the "
+            "CAST needs the solver values N(s_t), N(s_{t+1}) of every step (step.signals['solver_value']): run the "
+            "rollout with the 'solver_value' signal (CASTTrainer declares it) on an environment with the "
             "`solver_value` capability."
         ) from None
     before, after = float(before), float(after)
@@ -264,19 +266,12 @@ def _solver_advantage(step: Step, rule: str) -> float:
 
 
 def _minesweeper_safe_cells(step: Step) -> int:
-    """The board's number of safe cells (rows·cols − mines), which CAST pays for a win from K(s_t) = INF.
-
-    Read from `info["safe_cells"]` when the environment reports it; otherwise, on the winning reveal every safe cell
-    is open afterwards, so it is the cells revealed before the step (bits of the revealed mask, the first element
-    of our Minesweeper's `state_key`) plus the cells this reveal opened (`info["opened"]`).
-    """
+    """The board's number of safe cells (rows·cols − mines), which CAST pays for a win from K(s_t) = INF: the
+    environment reports it as `info["safe_cells"]` (our Minesweeper does on every step)."""
     if "safe_cells" in step.info:
         return int(step.info["safe_cells"])
-    key = step.state_key
-    if isinstance(key, tuple) and key and isinstance(key[0], int) and "opened" in step.info:
-        return key[0].bit_count() + int(step.info["opened"])
     raise ValueError(
-        "A Minesweeper win from K(s_t) = inf is credited with the board's number of safe cells, but the step has "
-        "neither info['safe_cells'] nor a (revealed mask, flags) state_key with info['opened']; use "
-        "solver_rule='shortest_path' for environments other than Minesweeper."
+        "A Minesweeper win from K(s_t) = inf is credited with the board's number of safe cells, but the step's info "
+        "has no 'safe_cells': report it from the environment's step(), or use solver_rule='shortest_path' for "
+        "environments whose solver_value counts actions to success."
     )

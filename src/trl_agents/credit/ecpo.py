@@ -1,18 +1,18 @@
 """ECPO advantages: the GRPO episode advantage plus a shrunk, variance-gated advantage of the canonical action taken.
 
 ECPO (Li, Zhou, Duan, Chen 2026, "evidence-calibrated policy optimization", arXiv 2606.05885), as specified in
-methods_specs.md §2.2 (formulas from secondary summaries of the paper [S]; no code was released). Steps are grouped
+docs/methods/ecpo.md (formulas from secondary summaries of the paper [S]; no code was released). Steps are grouped
 by anchor state s, as GiGPO does; within an anchor, by the canonical action u the step took:
 
     ρ_{i,t}   = Σ_{k≥t} γ^{k−t} r_{i,k} − λ·[invalid]      step return, as GiGPO Eq. 5 (penalty local to the step)
     n_{s,u}, Ḡ_{s,u}                                       visits of (s, u) and the mean of their step returns
     n_s, μ_s, σ_s                                          visits of s, mean and (Bessel) std of all their returns
-    μ̃_{s,u}   = (n_{s,u}·Ḡ_{s,u} + κ·μ_s)/(n_{s,u} + κ)   §2.2.2  shrinkage toward the anchor mean
-    A_act     = (μ̃_{s,u} − μ_s)/F                          §2.2.3  shared by every visit of (s, u); F = 1 or σ_s + ε
-    B_s       = Σ_u (n_{s,u}/n_s)(Ḡ_{s,u} − μ_s)²           §2.2.4  between-action variance
-    W_s       = Σ_u (n_{s,u}/n_s)·Var_{s,u}                 §2.2.4  within-action variance (population variances)
-    ρ_VG(s)   = tanh(n_s/τ)·B_s/(B_s + W_s + ε)             §2.2.4  variance gate
-    Â_{i,t}   = A^GRPO_i + ω·ρ_VG(s)·A_act(s, u)           §2.2.5
+    μ̃_{s,u}   = (n_{s,u}·Ḡ_{s,u} + κ·μ_s)/(n_{s,u} + κ)   step 2  shrinkage toward the anchor mean
+    A_act     = (μ̃_{s,u} − μ_s)/F                          step 3  shared by every visit of (s, u); F = 1 or σ_s + ε
+    B_s       = Σ_u (n_{s,u}/n_s)(Ḡ_{s,u} − μ_s)²           step 4  between-action variance
+    W_s       = Σ_u (n_{s,u}/n_s)·Var_{s,u}                 step 4  within-action variance (population variances)
+    ρ_VG(s)   = tanh(n_s/τ)·B_s/(B_s + W_s + ε)             step 4  variance gate
+    Â_{i,t}   = A^GRPO_i + ω·ρ_VG(s)·A_act(s, u)           step 5
 
 `A^GRPO_i` is `grpo_advantages` (z-score or mean-only, over trajectories or step rows, with its invalid-action rule).
 The shrinkage is computed as μ̃ − μ_s = n_{s,u}(Ḡ_{s,u} − μ_s)/(n_{s,u} + κ) (the same number), so that equal
@@ -51,7 +51,7 @@ def group_anchors(group: Group, anchor: str, similarity_threshold: float | None)
 
 @dataclass(frozen=True)
 class AnchorEvidence:
-    """ECPO's statistics of one anchor state s (methods_specs.md §2.2, steps 2-4).
+    """ECPO's statistics of one anchor state s (docs/methods/ecpo.md#equations, steps 2-4).
 
     Attributes:
         count: n_s, visits of the anchor.
@@ -82,7 +82,8 @@ def anchor_evidence(
 ) -> AnchorEvidence:
     """Shrunk action advantages and the variance gate of one anchor, from the step returns of each action taken there.
 
-    Example (methods_specs.md §2.2 unit test: u1 once with return 1, u2 three times with [0, 0, 1], κ = 2, τ = 4):
+    Example (docs/methods/ecpo.md#hand-computed-case: u1 once with return 1, u2 three times with [0, 0, 1], κ = 2,
+    τ = 4):
         >>> e = anchor_evidence({"u1": [1.0], "u2": [0.0, 0.0, 1.0]}, kappa=2.0, tau=4.0, scale=False)
         >>> e.mean, {u: round(m, 4) for u, m in e.shrunk_means.items()}
         (0.5, {'u1': 0.6667, 'u2': 0.4})
@@ -101,11 +102,11 @@ def anchor_evidence(
         n_u = len(values)
         mean_u, _ = mean_std(values)
         deviation = mean_u - mu_s
-        shrunk_deviation = n_u * deviation / (n_u + kappa)  # μ̃_{s,u} − μ_s    (Eq. §2.2.2)
+        shrunk_deviation = n_u * deviation / (n_u + kappa)  # μ̃_{s,u} − μ_s    (step 2)
         shrunk[action] = mu_s + shrunk_deviation
-        advantages[action] = shrunk_deviation / scale_factor  # A_act           (Eq. §2.2.3)
+        advantages[action] = shrunk_deviation / scale_factor  # A_act           (step 3)
         variance_u = sum((v - mean_u) ** 2 for v in values) / n_u  # population variance Var_{s,u}
-        between += n_u / n_s * deviation**2  # B_s                              (Eq. §2.2.4)
+        between += n_u / n_s * deviation**2  # B_s                              (step 4)
         within += n_u / n_s * variance_u  # W_s
     gate = math.tanh(n_s / tau) * between / (between + within + eps)  # ρ_VG(s)
     return AnchorEvidence(n_s, mu_s, shrunk, advantages, between, within, gate)
@@ -132,8 +133,8 @@ def ecpo_advantages(
 
     See `ecpo_advantages_with_stats` for the arguments; this returns only the advantages.
 
-    Example (methods_specs.md §2.2: four one-step episodes from state s; action u1 once, return 1 (lucky); u2 three
-    times, returns 0, 0, 1):
+    Example (docs/methods/ecpo.md#hand-computed-case: four one-step episodes from state s; action u1 once, return 1
+    (lucky); u2 three times, returns 0, 0, 1):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(action, reward):
         ...     return Trajectory(task={}, steps=[Step("s", "", reward=reward, info={"action": action})])
@@ -179,18 +180,19 @@ def ecpo_advantages_with_stats(
 
     Args:
         group: The healthy trajectories of one task.
-        gamma: γ of the step returns (as GiGPO; methods_specs.md §2.2 "γ as GiGPO").
-        omega: ω, weight of the gated action advantage (our choice: 1.0 as GiGPO, §2.2.5 [D]).
-        kappa: κ ≥ 0, pseudo-count of the shrinkage toward the anchor mean (2.0 in the paper, §2.2.2 [S]); 0 = no
+        gamma: γ of the step returns (as GiGPO).
+        omega: ω, weight of the gated action advantage (our choice: 1.0 as GiGPO, step 5 [D]).
+        kappa: κ ≥ 0, pseudo-count of the shrinkage toward the anchor mean (2.0 in the paper, step 2 [S]); 0 = no
             shrinkage.
         tau: τ > 0, visit scale of the gate's confidence tanh(n_s/τ); None = the group size G, the number of
-            trajectories of `group` (our choice, §2.2.4 [D]: τ was not recovered).
+            trajectories of `group` (our choice, step 4 [D]: τ was not recovered).
         mode: F of A_act: "mean_norm" (F = 1) or "mean_std_norm" (F = σ_s + ε, Bessel std of the anchor's returns);
-            our choice, following GiGPO's mode (§2.2.3 [D]).
+            our choice, following GiGPO's mode (step 3 [D]).
         episode_scale, episode_statistic: A^GRPO, as `grpo_advantages(scale=..., statistic=...)`.
         anchor, similarity_threshold: How step rows are grouped into anchor states, as in `gigpo_advantages`.
         merge_invalid_actions: Count every rejected action as the one canonical action `INVALID_ACTION` (our
-            choice, §2.2.1); else rejected actions are told apart by their normalised text.
+            choice, step 1; docs/methods/ecpo.md#our-choices); else rejected actions are told apart by their
+            normalised text.
         invalid_penalty: λ, for steps with `valid=False`: in A^GRPO and in the step return ρ (as GiGPO).
         eps: ε of F and of the gate's denominator.
 
@@ -239,7 +241,7 @@ def ecpo_advantages_with_stats(
     except TypeError as err:
         raise ValueError(f"ECPO anchors and actions must be hashable: {err}") from None
 
-    # §2.2.2-2.2.4 per anchor; ρ_VG(s)·A_act(s, u) is shared by every visit of (s, u).
+    # Steps 2-4 per anchor; ρ_VG(s)·A_act(s, u) is shared by every visit of (s, u).
     gated_action_advantage = [0.0] * len(step_returns)
     gates = [0.0] * len(step_returns)
     singletons = num_actions = 0
@@ -261,7 +263,7 @@ def ecpo_advantages_with_stats(
                 gates[r] = evidence.gate
                 gated_action_advantage[r] = evidence.gate * evidence.action_advantages[action]
 
-    # §2.2.5: Â = A^GRPO + ω·ρ_VG·A_act.
+    # Step 5: Â = A^GRPO + ω·ρ_VG·A_act.
     advantages: StepAdvantages = []
     offset = 0
     for episode_row in episode:

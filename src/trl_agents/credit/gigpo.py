@@ -1,7 +1,7 @@
 """GiGPO advantages: an episode-level group advantage plus a step-level one among steps taken from the same state.
 
 GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv 2505.10978), with the
-semantics of the reference code (verl-agent `gigpo/core_gigpo.py`; anchor_verl_agent.md §1.9):
+semantics of the reference code (verl-agent `gigpo/core_gigpo.py`; docs/methods/gigpo.md#equations):
 
     A^E_{i,t} = (s − μ)/F                    Eq. 3   episode level; s = R_i − λ·[invalid], μ, σ over all step rows
                                                      of the group (verl-agent) or over the n episode returns (paper)
@@ -52,7 +52,8 @@ def gigpo_advantages(
 
     See `gigpo_advantages_with_stats` for the arguments; this returns only the advantages.
 
-    Example (methods_specs.md §1.4: A, D: s0→s1→success; B: s0→s1→fail; C: s0→s2→fail):
+    Example (the toy group of docs/methods/gigpo.md#hand-computed-case: A, D: s0→s1→success; B: s0→s1→fail;
+    C: s0→s2→fail):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(second_state, reward):
         ...     return Trajectory(task={}, steps=[Step("s0", "a"), Step(second_state, "b", reward=reward)])
@@ -97,7 +98,7 @@ def gigpo_advantages_with_stats(
             `compute_mean_std_cross_steps=True`; longer episodes weigh more) or "trajectories" (paper Eq. 3). A
             population of exactly one element gets μ = 0, σ = 1, as in verl-agent. Invalid-action penalty: in the
             score before the statistic for "step_rows", subtracted after normalisation for "trajectories"
-            (anchor_verl_agent.md §1.9; see `trl_agents.credit.base`).
+            (docs/concepts/verl_agent_conventions.md#invalid-actions-and-their-penalty; `trl_agents.credit.base`).
         anchor: What identifies a state: "state_key" (`step.state_key`, or `step.observation` when it is None) or
             "observation" (the raw current observation text, like verl-agent's `anchor_obs`).
         similarity_threshold: None for exact keys. A value in (0, 1) clusters text anchors greedily: a row joins the

@@ -35,7 +35,7 @@ def grpo_advantages(
         statistic: "trajectories" (default, TRL): μ, σ over the n episode returns, then the invalid-action penalty
             is subtracted: A_{i,t} = norm(R_i) − λ·[invalid]. "step_rows" (verl-agent): μ, σ over one score
             s_{i,t} = R_i − λ·[invalid] per step row (longer episodes weigh more), A_{i,t} = norm(s_{i,t}).
-            See anchor_verl_agent.md §1.5/§1.9 and `trl_agents.credit.base`.
+            See docs/methods/grpo.md#equations and `trl_agents.credit.base`.
         invalid_penalty: λ, for steps with `valid=False` (verl-agent default 0.1).
         eps: ε added to the std (TRL: 1e-4).
 

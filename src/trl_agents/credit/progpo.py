@@ -1,7 +1,7 @@
 """ProGPO advantages: exact-prefix peer comparison plus potential-based transition credit.
 
-ProGPO (Fan & Liu 2026, arXiv 2607.04242). Only the abstract was available; the formalisation is the one of
-methods_specs.md §2.3 ([P] = abstract, [D] = design of the spec, built on HGPO's history-context groups):
+ProGPO (Fan & Liu 2026, arXiv 2607.04242). Only the abstract was available; the formalisation is ours, in
+docs/methods/progpo.md ([P] = abstract, [D] = our design, built on HGPO's history-context groups):
 
     R_{i,t}     = Σ_{k≥t} γ^{k−t} r_{i,k}                         discounted step return
     ρ_{i,t}     = R_{i,t} − λ·[invalid_{i,t}]                     invalid-action penalty, local to the step
@@ -25,7 +25,7 @@ it is 0, σ_tr = 1.
 Documented behaviour: a group whose episodes all have the same outcome gets A^tr ≡ 0 (its potentials carry no
 contrast; unsmoothed they would be the constant outcome, giving the same (γ−1)·outcome on every step, smoothed
 they would reflect visit counts only). All-equal rewards therefore give A ≡ 0 (minus λ on invalid steps). The
-spec's semantic expansion (step 3: merging anchors by embedding similarity) is not implemented.
+paper's semantic expansion (step 3: merging anchors by embedding similarity) is not implemented.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ ANCHORS = ("state_key", "observation")
 def fuse_inverse_variance(estimates: Sequence[tuple[float, float]]) -> float:
     """Inverse-variance weighted mean Σ_k x_k/v_k ÷ Σ_k 1/v_k of (estimate x_k, variance v_k > 0) pairs.
 
-    methods_specs.md §2.3 unit test: Φ̂_0 = 0.6 (n=10, Var 0.024) and Φ̂_1 = 0.9 (n=2, Var 0.045):
+    docs/methods/progpo.md#hand-computed-case: Φ̂_0 = 0.6 (n=10, Var 0.024) and Φ̂_1 = 0.9 (n=2, Var 0.045):
         >>> round(fuse_inverse_variance([(0.6, 0.024), (0.9, 0.045)]), 4)
         0.7043
     """
@@ -275,12 +275,13 @@ def progpo_advantages(
     Args:
         peer_weight, transition_weight: w_p and w_tr.
         transition_norm: σ_tr: "group" (std of this group's transition credits), "none" (1). The trainer's "batch"
-            (the spec's choice) passes the batch std as `transition_std`, which overrides this.
+            (our default, docs/methods/progpo.md#our-choices) passes the batch std as `transition_std`, which
+            overrides this.
         transition_std: σ_tr given by the caller (> 0), or None.
         The other arguments are those of `progpo_parts`.
 
-    Example (methods_specs.md §2.3; the GiGPO toy: A, D: s0 -a-> s1 -b-> success; B: s0 -a-> s1 -c-> fail;
-    C: s0 -d-> s2 -e-> fail; γ = 1, F = 1, K = 0, no smoothing, σ_tr = 1):
+    Example (docs/methods/progpo.md#hand-computed-case; the GiGPO toy: A, D: s0 -a-> s1 -b-> success;
+    B: s0 -a-> s1 -c-> fail; C: s0 -d-> s2 -e-> fail; γ = 1, F = 1, K = 0, no smoothing, σ_tr = 1):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(state, first, second, won):
         ...     steps = [Step("s0", first), Step(state, second, reward=float(won), done=True)]

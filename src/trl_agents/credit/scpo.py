@@ -4,7 +4,7 @@ GiGPO.
 SCPO (Xu, Chen, Li, Hu 2026, arXiv 2606.25852). Evidence: the abstract [P] and a digest of the paper [S]
 ("a reranker scores each failed step against the successful sibling's steps; reward positive only when the match
 moves further along the sibling; added to GiGPO's step rewards; no effect when no sibling succeeded"); parameters
-are the spec's design [D]. methods_specs.md §2.4:
+are our design [D]. The steps of docs/methods/scpo.md#equations:
 
     s*        = the shortest successful episode of the group (ties: higher return, then content)   step 1 [D]
     S[t, j]   = score(f_t, s*) ∈ [0, 1], one score per step j of s*  (pluggable scorer)           step 2 [S]
@@ -15,9 +15,9 @@ are the spec's design [D]. methods_specs.md §2.4:
     A         = GiGPO(r')          A^E + ω·A^S on the shaped rewards ("episode_and_step"), or
               = A^E(r) + ω·A^S(r') the shaping only in the step-level returns ("step")            step 5 [S]
 
-The spec's c = 0.5·r_success becomes κ = 0.5 times the return of the chosen sibling. The total shaping of a failed
-episode is c·(P_T + 1)/|s*| ≤ c (a failure that retraces the whole sibling earns at most κ of its return). A group
-without a success, or without a failure, gets exactly the GiGPO advantages.
+The design's c = 0.5·r_success is κ = 0.5 times the return of the chosen sibling (docs/methods/scpo.md#our-choices).
+The total shaping of a failed episode is c·(P_T + 1)/|s*| ≤ c (a failure that retraces the whole sibling earns at
+most κ of its return). A group without a success, or without a failure, gets exactly the GiGPO advantages.
 
 Scorers (step 2): `score(failed_step, sibling) -> one value in [0, 1] per step of the sibling`, any callable;
 built-in, by name (`get_scorer`): "lexical" (default: token-overlap Dice of observation and canonical action),
@@ -36,6 +36,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from ..names import did_you_mean
 from ..trajectory import Group, Step, Trajectory
 from .base import StepAdvantages, anchor_key, canonical_action, check_choice, check_group, register_estimator
 from .gigpo import gigpo_advantages_with_stats
@@ -74,8 +75,7 @@ def get_scorer(scorer: str | Scorer, **options) -> Scorer:
         return scorer
     if scorer not in SCORERS:
         known = sorted(SCORERS)
-        close = difflib.get_close_matches(str(scorer), known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(scorer, known)
         raise ValueError(f"Unknown SCPO scorer {scorer!r}. Known: {', '.join(known)}.{hint}")
     return SCORERS[scorer](**options)
 
@@ -137,7 +137,7 @@ class _TextScorer(abc.ABC):
 class LexicalScorer(_TextScorer):
     """Token-overlap (Dice) similarity 2·|a ∩ b|/(|a| + |b|) over the multisets of lower-cased word and punctuation
     tokens, of the observations and of the canonical actions, mixed with weight `action_weight` (our choice,
-    methods_specs.md §2.4 step 2: a cheap offline stand-in for the paper's reranker).
+    docs/methods/scpo.md step 2: a cheap offline stand-in for the paper's reranker).
 
     >>> scorer = LexicalScorer()
     >>> sibling = Trajectory(task={}, steps=[Step("You see a mug.", "take mug"), Step("You hold a mug.", "go to sink")])
@@ -207,7 +207,8 @@ class ExactScorer:
 def progress_increments(matches: Sequence[int]) -> list[int]:
     """New progress P_t − P_{t−1} of each step along the sibling, from the matched indices p_t (−1: no match).
 
-    methods_specs.md §2.4 unit test: p = [0, 1, 1, −1, 2] -> frontier [0, 1, 1, 1, 2] -> new progress [1, 1, 0, 0, 1].
+    docs/methods/scpo.md#hand-computed-case: p = [0, 1, 1, −1, 2] -> frontier [0, 1, 1, 1, 2] -> new progress
+    [1, 1, 0, 0, 1].
         >>> progress_increments([0, 1, 1, -1, 2])
         [1, 1, 0, 0, 1]
     """
@@ -255,7 +256,7 @@ def progress_rewards(
         scorer: A built-in scorer name or a callable `scorer(failed_step, sibling) -> [S[t, j] for j]`.
         threshold: τ: a sibling step j is matched when S[t, j] ≥ τ.
         progress_coef: κ: the shaping of a whole sibling retraced is c = κ·R(s*).
-        sibling: Which successful episode: "shortest" (spec) or "highest_return".
+        sibling: Which successful episode: "shortest" (our default) or "highest_return".
         action_weight: Weight of the action similarity in the built-in text scorers.
 
     Returns:
@@ -264,7 +265,8 @@ def progress_rewards(
         "mean_shaping_return": mean Σ_t r̃_t over failed episodes, "matched_step_fraction": fraction of failed
         steps with a match}.
 
-    Example (methods_specs.md §2.4: s* has 4 steps, the failed episode's matches are p = [0, 1, 1, −1, 2]):
+    Example (docs/methods/scpo.md#hand-computed-case: s* has 4 steps, the failed episode's matches are
+    p = [0, 1, 1, −1, 2]):
         >>> sibling = Trajectory(task={}, steps=[Step(f"s{j}", "go") for j in range(3)] + [
         ...     Step("s3", "go", reward=1.0)], success=True)
         >>> failed = Trajectory(task={}, steps=[Step(o, "go") for o in ("s0", "s1", "s1", "x", "s2")])
@@ -355,7 +357,7 @@ def scpo_advantages_with_stats(
 
     Args:
         scorer, threshold, progress_coef, sibling, action_weight: Steps 1-4, see `progress_rewards`.
-        shaping_level: "episode_and_step": GiGPO on the shaped rewards (the spec's step 5: they replace r_t, so
+        shaping_level: "episode_and_step": GiGPO on the shaped rewards (step 5: they replace r_t, so
             they also enter the episode return of A^E); "step": only the step-level returns of A^S are shaped, A^E
             stays the outcome advantage (the digest's "added to GiGPO's step rewards").
         gamma, omega, mode, statistic, anchor, similarity_threshold, invalid_penalty, eps: GiGPO's

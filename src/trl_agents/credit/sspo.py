@@ -1,8 +1,8 @@
 """3SPO advantages: a step reward from historical state scores, centred among the steps taken from the same state.
 
 3SPO (State-Score-Supervised Policy Optimization, arXiv 2606.09961), with the formulas of the README and
-`gigpo/core_3spo.py` of `genalyu/3SPO` (methods_with_code.md §5.1), in the TRL port of §5.6 (no environment
-branching: the "siblings" of a step are the steps of the group's G independent episodes taken from the same state):
+`gigpo/core_3spo.py` of `genalyu/3SPO` (docs/methods/3spo.md#equations), in a TRL port without environment
+branching (the "siblings" of a step are the steps of the group's G independent episodes taken from the same state):
 
     h(s)       = state identity (`step.state_key`, or the observation text when the env has none)
     N(s), N⁺(s)  visits of s by finished episodes, and by successful ones (each state counted once per episode);
@@ -15,7 +15,7 @@ branching: the "siblings" of a step are the steps of the group's G independent e
     ρ_{i,t}    = R_{i,t} − λ_inv·[invalid]                           invalid-action penalty (verl-agent, 0.1)
     A_{i,t}    = (ρ_{i,t} − μ_c)/F  over the steps c of the group with the same h(s_t) (GiGPO `step_norm_reward`,
                  F = 1: `remove_std=True`, the code default; F = σ_c + ε otherwise); a singleton gives 0
-    A_{i,t}   += w_E·A^E_i  optional episode-level GRPO term (§5.6; the code uses R_3SPO only: w_E = 0)
+    A_{i,t}   += w_E·A^E_i  optional episode-level GRPO term (the code uses R_3SPO only: w_E = 0)
 
 Scores are read from the table as it stood before this batch; the trainer updates it with the batch afterwards.
 Eq. 3, the adaptive number of rollouts n(s) = ceil(G_max·S(s)), is `StateScoreTable.num_rollouts` (for branching
@@ -23,7 +23,7 @@ rollouts; the G-episode rollout does not use it).
 
 The state after an episode's last action is not recorded, so for the last step R_novel = 1[valid] (an invalid
 action leaves the state unchanged) and S(s_{t+1}) := S(s_t) (`terminal_score="current"`: no score change) or 1
-(`"unseen"`: the table never counts that state) — our choice, §5.6.
+(`"unseen"`: the table never counts that state) — our choice, docs/methods/3spo.md#our-choices.
 """
 
 from __future__ import annotations
@@ -311,9 +311,10 @@ def sspo_advantages_with_stats(
         table: The state statistics before this batch (None: an empty table, every state unseen).
         mode: "mean_norm" (A = ρ − μ_c; 3SPO `remove_std=True`, its default) or "mean_std_norm" (/(σ_c + ε)).
         episode_weight: w_E, weight of an added episode-level GRPO advantage over the n returns, normalised like
-            `mode` (0: the 3SPO code, R_3SPO only; §5.6 lists it as an option).
+            `mode` (0: the 3SPO code, R_3SPO only; an option for a port without branching,
+            docs/methods/3spo.md#our-choices).
         terminal_score: S of the unrecorded state after an episode's last action: "current" (S(s_t), no score
-            change) or "unseen" (1). Our choice (§5.6).
+            change) or "unseen" (1). Our choice (docs/methods/3spo.md#our-choices).
         invalid_penalty: λ, subtracted from the step reward of invalid steps before centring (verl-agent 0.1).
         eps: ε of `mean_std_norm` (3SPO / GiGPO: 1e-6).
 

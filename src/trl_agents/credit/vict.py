@@ -1,35 +1,35 @@
 """VICT advantages: an episode's group-relative advantage moved onto the steps that witnessed its verifier atoms.
 
 VICT (Li, Zhang, Zhang, Huang, Ma 2026, "verifier-instrumented credit tracing", arXiv 2608.28128; no code released),
-as specified in methods_specs.md §2.5 ([P] skeleton, [D] concrete rule). The environment's instrumented verifier
-(`AgentEnv.verify()`, recorded by the rollout engine in the last step's `info["verifier_atoms"]`) returns atoms k
+as specified in docs/methods/vict.md ([P] skeleton, [D] concrete rule). The environment's instrumented verifier
+(`AgentEnv.verify()`, recorded by the rollout engine as the last step's `"verifier_atoms"` signal, `step.signals["verifier_atoms"]`) returns atoms k
 with a status (sat / unsat / unknown), a witness step w_k (the step that produced or revealed the fact) and
 dependency edges (a DAG). With T_i the number of steps of episode i:
 
     A_i        = (R_i − mean_j R_j)/(std_j R_j + ε)   or   R_i − mean_j R_j          group-relative (GRPO) advantage
-    C_i        = core(atoms_i, success_i)                                              §2.5 step 2
+    C_i        = core(atoms_i, success_i)                                              step 2
                  success: every atom (the success predicate is their conjunction, so all of them are needed);
                  failure, "greedy": the first atom in dependency order that is not sat (the first unsat atom
                  decides a conjunction); "all_unsat": every unsat atom; "none": failures are not traced
-    (t → k)    valid ⇔ k ∈ C_i, w_k = t, and w_d ≤ t for every dependency d of k      §2.5 step 3
+    (t → k)    valid ⇔ k ∈ C_i, w_k = t, and w_d ≤ t for every dependency d of k      step 3
                  (checked along every edge below the core: each transitive dependency needs a witness, no later
                  than the atoms that depend on it)
     abstain    ⇔ a core atom unknown; a core atom or one it depends on without witness, with several, or with one
                  outside [0, T_i); an edge that is not dependency-valid; a dependency on a missing atom or a cycle;
-                 no atoms; atoms that contradict the episode's success flag                §2.5 step 4
+                 no atoms; atoms that contradict the episode's success flag                step 4
     E_i        = {w_k : k ∈ C_i}                                                       edge steps
-    A_{i,t}    = A_i·[(1 − ρ) + ρ·T_i·1[t ∈ E_i]/|E_i|] − λ·[invalid_{i,t}]            §2.5 step 5 (mass-preserving)
+    A_{i,t}    = A_i·[(1 − ρ) + ρ·T_i·1[t ∈ E_i]/|E_i|] − λ·[invalid_{i,t}]            step 5 (mass-preserving)
     A_{i,t}    = A_i − λ·[invalid_{i,t}]                                               abstained: GRPO's broadcast
 
 Whether a trajectory is traced or not, Σ_t A_{i,t} = T_i·A_i − λ·#invalid_i, GRPO's total: rewards, returns and the
-group statistics are unchanged; only where the credit lands moves. ρ = 1 (the spec's default) puts all of it on
+group statistics are unchanged; only where the credit lands moves. ρ = 1 (our default, docs/methods/vict.md#our-choices) puts all of it on
 the edge steps; 1 − ρ stays broadcast. The invalid-action penalty stays on its own step, as in GRPO.
 
-Example (the hand-computed case of methods_specs.md §2.5, A = +1 and −1):
+Example (the hand-computed case of docs/methods/vict.md, A = +1 and −1):
     >>> from trl_agents.trajectory import Group, Step, Trajectory
     >>> def episode(reward, success, atoms):
     ...     steps = [Step("s", "a") for _ in range(4)]
-    ...     steps[-1].reward, steps[-1].info["verifier_atoms"] = reward, atoms
+    ...     steps[-1].reward, steps[-1].signals["verifier_atoms"] = reward, atoms
     ...     return Trajectory(task={}, steps=steps, success=success)
     >>> k1 = {"name": "k1", "status": "sat", "witness_step": 1, "depends_on": []}
     >>> k2 = {"name": "k2", "status": "sat", "witness_step": 3, "depends_on": ["k1"]}
@@ -129,9 +129,9 @@ def vict_advantages_with_stats(
 
     Args:
         group: The healthy trajectories of one task; each trajectory's last step holds its verifier atoms in
-            `info["verifier_atoms"]` (dicts or `VerifierAtom`s with `name`, `status`, `witness_step`, `depends_on`).
+            `signals["verifier_atoms"]` (dicts or `VerifierAtom`s with `name`, `status`, `witness_step`, `depends_on`).
         scale: "group": A_i = (R_i − μ)/(σ + ε) over the n episode returns (GRPO, Bessel std); "none": R_i − μ.
-        edge_share: ρ ∈ [0, 1], the share of A_i moved onto the edge steps; 1 − ρ stays on every step (§2.5 step 5,
+        edge_share: ρ ∈ [0, 1], the share of A_i moved onto the edge steps; 1 − ρ stays on every step (docs/methods/vict.md step 5,
             ρ = 1 by default).
         failure_core: Core of a failed episode: "greedy" (the first non-sat atom in dependency order, ties in the
             verifier's order; abstain if it is unknown), "all_unsat" (every unsat atom; abstain on any unknown atom),
@@ -169,7 +169,7 @@ def vict_advantages_with_stats(
             continue
         # Steps 1-4: trace the core atoms to their witness steps along dependency-valid edges, or abstain.
         trace = trace_proof_edges(
-            steps[-1].info.get(VERIFIER_ATOMS_KEY), len(steps), traj.success, failure_core=failure_core
+            steps[-1].signals.get(VERIFIER_ATOMS_KEY), len(steps), traj.success, failure_core=failure_core
         )
         # Step 5: mass-preserving redistribution along the edges (broadcast when abstaining), then λ locally.
         row = redistribute(a_i, len(steps), trace.edge_steps, edge_share)
@@ -191,7 +191,7 @@ def vict_advantages_with_stats(
 
 
 def redistribute(advantage: float, num_steps: int, edge_steps: Sequence[int], edge_share: float = 1.0) -> list[float]:
-    """A_t = A·[(1 − ρ) + ρ·T·1[t ∈ E]/|E|] for t < T (§2.5 step 5); with no edge steps, A on every step.
+    """A_t = A·[(1 − ρ) + ρ·T·1[t ∈ E]/|E|] for t < T (docs/methods/vict.md step 5); with no edge steps, A on every step.
 
     The T values always sum to T·A (what GRPO's broadcast gives the episode).
 
@@ -216,7 +216,7 @@ def redistribute(advantage: float, num_steps: int, edge_steps: Sequence[int], ed
 def trace_proof_edges(
     atoms: Sequence[Any] | None, num_steps: int, success: bool, *, failure_core: str = "greedy"
 ) -> Trace:
-    """The core atoms of one trajectory and their edge steps, or the reason to abstain (§2.5 steps 1-4).
+    """The core atoms of one trajectory and their edge steps, or the reason to abstain (docs/methods/vict.md, steps 1-4).
 
     The first problem found names the reason. Checks run in this order: atoms present, unique names, dependencies
     among the atoms, no cycle; the core (success flag consistent with the statuses, no unknown core atom); then one

@@ -128,7 +128,7 @@ class ALFWorld(AgentEnv):
     (a final period is ignored). Anything else is invalid: ALFWorld itself would answer "Nothing happens.", and the
     observation keeps that text, says the command is not admissible, and the state does not change; unlike
     ALFWorld, `info["valid"]` is False (our choice, so the trainer's invalid-action penalty applies, as verl-agent's
-    does; `/work/shared/research/anchor_verl_agent.md` §1.5).
+    does; docs/concepts/verl_agent_conventions.md#invalid-actions-and-their-penalty).
 
     Args:
         show_admissible_actions: Append the admissible actions to every observation (without "help"), as

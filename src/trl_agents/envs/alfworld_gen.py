@@ -8,7 +8,8 @@ receptacle lists of the 120 AI2-THOR floor plans (`alfworld/gen/layouts/FloorPla
 (`alfworld/gen/goal_library.py`). From these, `generate_game` writes a game in the official format (`game.tw-pddl`:
 a JSON with `pddl_domain`, `grammar`, `pddl_problem`, `solvable`, `walkthrough`) plus a minimal `traj_data.json`
 (`task_type`, `pddl_params`, `scene`), in a folder laid out like one trial of the official data, so the official
-loader and our adapter can play it (`/work/shared/research/envs.md` §1 checked this route: 15/15 games solvable).
+loader and our adapter can play it (`envs/alfworld/README.md`, "Generation": every generated game is checked by
+playing its expert plan).
 
 What is ALFWorld-*style* here and not the benchmark:
 

@@ -72,6 +72,11 @@ class AgentEnv(abc.ABC):
             uses module-level state of a library (TextWorld's parsers). The rollout's thread backend then runs the
             calls of all such environments one at a time; the process and Ray backends give every environment its
             own interpreter and run them in parallel.
+        solver_semantics: How `solver_value()` counts, for solver-based credit (CAST's boundary rules):
+            `"shortest_path"` — actions an optimal solver still needs, `math.inf` once the task cannot be solved
+            (Sokoban, Rush Hour, FrozenLake); `"minesweeper"` — safe reveals a logic solver still needs, `math.inf`
+            when logic alone cannot finish; a step that loses reports `info["mine_hit"]`, and every step reports
+            the board's `info["safe_cells"]`.
     """
 
     name: ClassVar[str] = ""
@@ -80,6 +85,7 @@ class AgentEnv(abc.ABC):
     task_keys: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[str, ...]] = ()
     thread_safe: ClassVar[bool] = True
+    solver_semantics: ClassVar[str] = "shortest_path"
 
     _CAPABILITY_METHODS: ClassVar[tuple[str, ...]] = (
         "snapshot",

@@ -2,10 +2,10 @@
 
 A board is generated from the task seed: a first click is drawn, the mines are placed outside the 3x3 zone around it,
 the first click is revealed (flooding zeros), and the layout is kept only when the solver below clears it from there
-without ever guessing (CAST §2.3 boards with a no-guess guarantee). Boards can also be given explicitly as CAST's
+without ever guessing (CAST's boards, docs/methods/cast.md#the-games, with a no-guess guarantee). Boards can also be given explicitly as CAST's
 data holds them (mine positions + first click).
 
-The solver (CAST §2.2) reads only what a player sees: the revealed numbers and the total number of mines. It
+The solver (CAST's, docs/methods/cast.md#the-solvers) reads only what a player sees: the revealed numbers and the total number of mines. It
 combines constraint propagation, subset reasoning and exact enumeration of the frontier with the global mine count,
 and plays a fixed policy: reveal the most informative provably safe cell, else reveal the cell least likely to be a
 mine. `solver_value()` is CAST's K(s), the number of actions that policy needs from the current state, where the true
@@ -308,7 +308,7 @@ def _informativeness(cell: int, neighbours: tuple[tuple[int, ...], ...], visible
 def solver_choice(rows: int, cols: int, num_mines: int, visible: dict[int, int]) -> tuple[int, bool]:
     """The cell the solver reveals next and whether that is a guess.
 
-    Policy (CAST §2.2): the provably safe cell with the most unrevealed neighbours; when no cell is provably safe,
+    Policy (CAST's, docs/methods/cast.md#the-solvers): the provably safe cell with the most unrevealed neighbours; when no cell is provably safe,
     the cell with the lowest exact mine probability (ties: more unrevealed neighbours, then row-major order).
     Flagging the provable mines (CAST's second rule) changes nothing in this analysis, which re-derives them every
     time, so it is left out. Reads only `visible` (revealed numbers) and the mine count.
@@ -550,6 +550,7 @@ class Minesweeper(AgentEnv):
         max_generation_attempts: Layouts tried per seed before giving up with a ValueError.
     """
 
+    solver_semantics = "minesweeper"  # K(s) counts safe reveals; see AgentEnv.solver_semantics
     name = "minesweeper"
     task_keys = ("seed", "mines", "mine_positions")
     instructions = (
@@ -648,6 +649,7 @@ class Minesweeper(AgentEnv):
             "mine_hit": mine_hit,
             "opened": opened,  # cells this reveal opened (flood included)
             "safe_left": (board.safe_mask & ~self._revealed).bit_count(),
+            "safe_cells": board.safe_mask.bit_count(),  # what CAST pays for a win the solver could not find
             "flags": self._flags.bit_count(),
         }
 
@@ -719,7 +721,7 @@ class Minesweeper(AgentEnv):
     @classmethod
     def task_split(cls, split: str, count: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
         """Seeded task rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000) on the env's settings (default
-        6x6, 7 mines), `"unseen"` (from 2_000_000) with 7x7 and 10 mines unless overridden (CAST §2.3). Generation
+        6x6, 7 mines), `"unseen"` (from 2_000_000) with 7x7 and 10 mines unless overridden (CAST's splits, docs/methods/cast.md#the-games). Generation
         settings among `env_kwargs` are copied into the rows; rows hold seeds only (no board is generated here)."""
         cls(**env_kwargs)  # validate every argument now rather than at the first reset
         settings = dict(cls.SPLIT_TASK_SETTINGS.get(split, {}))

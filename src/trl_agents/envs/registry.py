@@ -13,9 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from ..names import did_you_mean
 from .base import AgentEnv
 
 _REGISTRY: dict[str, type[AgentEnv]] = {}
@@ -40,8 +40,7 @@ def get_env_class(name: str) -> type[AgentEnv]:
         return _REGISTRY[name]
     except KeyError:
         known = sorted(_REGISTRY)
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, known)
         raise ValueError(
             f"Unknown environment {name!r}.{hint} Known environments: {', '.join(known)}. "
             "Register your own with `@trl_agents.envs.register_env` on an AgentEnv subclass."

@@ -5,9 +5,9 @@ sits on row 2 and leaves through the exit on the right edge: the puzzle is solve
 column 5. Boards are CAST's 36-character strings (`o` empty, `x` wall, letters vehicles, row-major), or generated
 from a seed by reverse scrambling of a solved position.
 
-The solver is exact (CAST §2.2, `table` backend): a breadth-first search enumerates every state reachable from the
-start, then a multi-source BFS from all solved states gives the optimal number of moves N(s) of each of them. The
-table is cached per board, so `solver_value()` and `optimal_plan()` are lookups.
+The solver is exact (CAST's `table` backend, docs/methods/cast.md#the-solvers): a breadth-first search enumerates
+every state reachable from the start, then a multi-source BFS from all solved states gives the optimal number of
+moves N(s) of each of them. The table is cached per board, so `solver_value()` and `optimal_plan()` are lookups.
 
 Example:
     >>> from trl_agents.envs.rushhour import RushHour
@@ -651,7 +651,8 @@ class RushHour(AgentEnv):
     def task_split(cls, split: str, count: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
         """Seeded task rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000) with the env's settings (default
         7 vehicles, 6-8 optimal moves), `"unseen"` (from 2_000_000) with 9 vehicles and 7-9 moves unless overridden
-        (CAST §2.3). Generation settings among `env_kwargs` are copied into the rows; rows hold seeds only."""
+        (CAST's splits, docs/methods/cast.md#the-games). Generation settings among `env_kwargs` are copied into the
+        rows; rows hold seeds only."""
         env = cls(**env_kwargs)  # validate every argument now rather than at the first reset
         settings = dict(cls.SPLIT_TASK_SETTINGS.get(split, {}))
         settings.update({k: v for k, v in env_kwargs.items() if k in _TASK_KEYS})

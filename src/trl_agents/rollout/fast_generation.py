@@ -1,10 +1,10 @@
 """Fast rollout generation on a GPU without vLLM: a static KV cache whose decode step is a replayed CUDA graph.
 
 Why this path. On an H200, `model.generate` on a 0.5B model spends ~75-80 ms per decode step whatever the batch
-(64 or 256 sequences; benchmarks/gpu_rollout.py, /work/shared/research/gpu_notes.md), while the GPU work of one
-step (read ~1 GB of weights and the KV cache once) takes well under 1 ms at the chip's memory bandwidth. The step is
-bound by Python and kernel launches: 24 layers of ~30 small kernels each, plus cache and mask book-keeping, issued
-one after the other from Python. The lever is to stop paying that launch cost on every step:
+(64 or 256 sequences; benchmarks/gpu_rollout.py, and "Reference figures on one GPU" in benchmarks/README.md), while
+the GPU work of one step (read ~1 GB of weights and the KV cache once) takes well under 1 ms at the chip's memory
+bandwidth. The step is bound by Python and kernel launches: 24 layers of ~30 small kernels each, plus cache and mask
+book-keeping, issued one after the other from Python. The lever is to stop paying that launch cost on every step:
 
 * CUDA graphs (this module): record the kernels of one decode step once, replay them with a single call. A graph
   replays fixed shapes at fixed addresses, so the KV cache is a transformers `StaticCache` (preallocated, written in

@@ -92,12 +92,18 @@ class PromptRenderer:
         self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str
     ) -> list[int]:
         """Token ids of a step-format prompt; the oldest history entries are dropped if it is too long."""
+        return self.step_prompt(system, task, history, observation)[0]
+
+    def step_prompt(
+        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str
+    ) -> tuple[list[int], list[tuple[str, str]]]:
+        """`step_prompt_ids`, and the history entries the prompt kept (the last `history_length` that fit)."""
         keep = min(self.history_length, len(history)) if self.history_length > 0 else 0
         while True:
             recent = list(history[len(history) - keep :]) if keep else []
             ids = self._apply(self.step_messages(system, task, recent, observation), tokenize=True)
             if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
-                return ids
+                return ids, recent
             if keep == 0:
                 raise PromptTooLongError(
                     f"The prompt of this turn has {len(ids)} tokens without any history, more than "
@@ -108,11 +114,19 @@ class PromptRenderer:
 
     # ---- conversation format -------------------------------------------------------------------------------------
 
+    @staticmethod
+    def conversation_user_message(task: str, observation: str) -> str:
+        """The first user message of a conversation: the task (when not empty) and the first observation."""
+        return f"{task}\n{observation}" if task else observation
+
     def conversation_prompt_ids(self, system: str, task: str, observation: str) -> list[int]:
         """Token ids of the first turn of a conversation (system + task + first observation)."""
-        content = f"{task}\n{observation}" if task else observation
         messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": content})
+        messages.append({"role": "user", "content": self.conversation_user_message(task, observation)})
+        return self._apply(messages, tokenize=True)
+
+    def messages_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat ending with a generation prompt (no length limit), e.g. a privileged view."""
         return self._apply(messages, tokenize=True)
 
     def env_turn_ids(self, observation: str) -> list[int]:

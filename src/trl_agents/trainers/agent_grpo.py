@@ -2,16 +2,23 @@
 
 The only changes w.r.t. `GRPOTrainer`:
 
-* dataset rows are tasks (`{"env": "sokoban", "seed": 3}`), not prompts; each task runs G episodes;
-* `_generate_and_score_completions` runs the multi-turn rollout (`RolloutEngine`), asks `compute_advantages(groups)`
-  for one advantage per step, and returns step rows (or conversation rows with an env mask) with (B, T) advantages;
-  old and reference log-probs are computed exactly as TRL does;
+* dataset rows are tasks (`{"env": "sokoban", "seed": 3}`), not prompts; each task runs a group of episodes;
+* `_generate_and_score_completions` runs the multi-turn rollout (`RolloutEngine`, driven by the configured
+  topology), computes the signals the trainer declares (`trl_agents.signals`), asks `compute_advantages(groups)` for
+  one advantage per step, and returns step rows (or conversation rows with an env mask) with (B, T) advantages; old
+  and reference log-probs are computed exactly as TRL does;
 * `_prepare_inputs` splits the rows into micro-batches without dropping any (the number of rows varies);
-* `_compute_loss` adds `compute_auxiliary_loss(model, inputs)`, scaled for gradient accumulation as TRL scales its
-  own loss.
+* `_compute_loss` weighs TRL's loss by `policy_loss_weight` and adds `compute_auxiliary_loss(model, inputs,
+  per_token_logps)` (the policy's log-probs that TRL's loss computed, reused), scaled for gradient accumulation as
+  TRL scales its own loss;
+* `_save` also writes `agent_config.json` and `save_extra_state(output_dir)`; `train(resume_from_checkpoint=...)`
+  first calls `load_extra_state(checkpoint)`.
 
-Method variants subclass this trainer and override `compute_advantages`, `compute_auxiliary_loss` or
-`prepare_signals` (see `trainers/gigpo.py`).
+Method variants are thin subclasses: they declare their methods (`methods`, the registry reads them), the signals
+and capabilities they need (`signals`, `required_env_capabilities`), and override public hooks only —
+`compute_advantages`, `compute_auxiliary_loss`, `policy_loss_weight`, `build_topology`, `signal_options`,
+`save_extra_state` / `load_extra_state` (see `trainers/gigpo.py`). TRL's private methods are overridden here and
+nowhere else (`tests/test_trl_contract.py` pins what they rely on).
 
 Example:
     ```python
@@ -33,6 +40,7 @@ import json
 import logging
 import math
 import os
+import time
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -42,6 +50,8 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from huggingface_hub import ModelCard
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
@@ -55,13 +65,27 @@ from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, S
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
-from ..rollout.rows import TrainingRows, build_rows, split_rows
+from ..rollout.rows import TrainingRows, build_rows, prompt_signal_keys, split_rows, step_values, token_signal_key
+from ..rollout.topologies import TOPOLOGIES, Topology, get_topology
 from ..rollout.vllm import VLLMGenerator
+from ..signals import (
+    DEFAULT_TEMPLATE,
+    TEACHER_KINDS,
+    ModelSignalContext,
+    get_signal,
+    required_capabilities,
+    resolve_signals,
+)
+from ..signals.views import check_source
 from ..trajectory import Group, RolloutBatch, Trajectory
+from .registry import MethodInfo
 
 logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
+# Rollout metrics logged as totals over processes (not means), and those logged as the largest on any process.
+TOTAL_METRICS = ("train_rows", "rollout/generated_tokens", "rollout/env_steps", "rollout/episodes")
+MAX_ROLLOUT_STATS = ("rollout/generation_calls",)
 CREDIT_STATISTICS = ("trajectories", "step_rows")
 # EnvPool argument -> AgentGRPOConfig field, so that a bad setting is reported under the field's name.
 ENV_EXECUTION_FIELDS = {
@@ -89,7 +113,7 @@ class AgentGRPOConfig(GRPOConfig):
         env_kwargs (`dict`, *optional*): Constructor keyword arguments of the environments (e.g. `{"size": 6}`).
         max_turns (`int`, *optional*, defaults to `10`): Turn budget of an episode.
         history_length (`int`, *optional*, defaults to `2`): Past (observation, action) pairs in step prompts.
-        row_format (`str`, *optional*, defaults to `"step"`): `"step"` or `"conversation"` (DESIGN §3.5).
+        row_format (`str`, *optional*, defaults to `"step"`): `"step"` or `"conversation"` (docs/concepts/training_loop.md#rows).
         system_prompt (`str` or `None`, *optional*): Replaces the environment's instructions as system message.
         max_prompt_length (`int` or `None`, *optional*): Longest prompt; step prompts drop old history to fit,
             conversations stop there.
@@ -109,6 +133,15 @@ class AgentGRPOConfig(GRPOConfig):
             before the episode fails; None = no limit.
         env_reset_timeout (`float` or `None`, *optional*): The same for resets.
         ray_address (`str` or `None`, *optional*): Ray cluster of the `"ray"` backend; None = a local instance.
+        topology (`str`, *optional*, defaults to `"independent"`): Which episodes a rollout runs (see
+            [`~trl_agents.rollout.topologies`]): `"independent"`, `"adaptive"` or `"branching"`.
+        topology_kwargs (`dict`, *optional*): Options of the topology (e.g. `{"max_group_size": 32}`).
+        teacher (`str`, *optional*, defaults to `"current"`): The teacher of teacher signals: `"current"`, `"frozen"`
+            (step 0) or `"ema"`.
+        teacher_ema_decay (`float`, *optional*, defaults to `0.999`): d of the EMA teacher.
+        privileged_source (`str`, *optional*, defaults to `"env"`): Where a privileged view's text comes from.
+        privileged_template (`str`, *optional*): How the privileged text enters the teacher's prompt.
+        max_tokens_per_forward (`int` or `None`, *optional*): Padded tokens per forward of the model signals.
     """
 
     env_name: str | None = field(
@@ -143,7 +176,7 @@ class AgentGRPOConfig(GRPOConfig):
     invalid_action_penalty: float = field(
         default=0.1,
         metadata={"help": "Penalty λ for steps whose action the environment rejected (verl-agent default 0.1), "
-        "applied by the credit estimator to that step only (anchor_verl_agent.md §1.5, §1.9)."},
+        "applied by the credit estimator to that step only (docs/concepts/verl_agent_conventions.md, 'Invalid actions and their penalty')."},
     )
     advantage_estimator: str = field(
         default="grpo",
@@ -203,6 +236,47 @@ class AgentGRPOConfig(GRPOConfig):
         "cluster (`ray start --head`) and use 'auto', so that they share it. trl-agents must be installed on every "
         "node."},
     )
+    topology: str = field(
+        default="independent",
+        metadata={"help": "Which episodes a rollout runs (trl_agents.rollout.topologies): 'independent' (G episodes "
+        "per task, GRPO's group), 'adaptive' (rounds of episodes per task until the group carries signal, up to a "
+        "cap: CANOPY), 'branching' (G backbones, then forks from environment snapshots at their highest-entropy "
+        "steps: BPO). Method trainers set their own."},
+    )
+    topology_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Options of the topology, e.g. {'max_group_size': 32} for 'adaptive' or {'branch_factor': "
+        "4} for 'branching' (a JSON string on the command line)."},
+    )
+    teacher: str = field(
+        default="current",
+        metadata={"help": "Who scores recorded actions under a privileged view (teacher signals, self-distillation): "
+        "'current' (the policy as it is), 'frozen' (the step-0 policy: a LoRA run's base model with the adapter "
+        "disabled, else TRL's reference model when beta > 0, else a frozen copy), or 'ema' (an exponential moving "
+        "average of the policy, updated after every optimizer step). See docs/signals.md."},
+    )
+    teacher_ema_decay: float = field(
+        default=0.999,
+        metadata={"help": "d in θ_T ← d·θ_T + (1 − d)·θ for teacher='ema' (OPSD's EMA teacher, e.g. 0.999)."},
+    )
+    privileged_source: str = field(
+        default="env",
+        metadata={"help": "Where the privileged text of a teacher's view comes from: 'env' (env.privileged_context() "
+        "before each step), 'task:<field>' (a field of the task row, e.g. 'task:answer'), or 'future' (the "
+        "observations that followed the step). See docs/signals.md."},
+    )
+    privileged_template: str = field(
+        default=DEFAULT_TEMPLATE,
+        metadata={"help": "How the privileged text enters the teacher's user message: '{context}' is the text, "
+        "'{prompt}' the student's own user message. Our choice: the text first, under a short heading (as the "
+        "SDAR family prepends its skills); docs/signals.md."},
+    )
+    max_tokens_per_forward: int | None = field(
+        default=None,
+        metadata={"help": "Most padded tokens (rows × width) in one forward of the model signals (teacher "
+        "log-probs, entropies, hidden states), which also run at most per_device_train_batch_size rows at a time; "
+        "a longer unit runs alone. None = rows only. Bounds their memory on long episodes."},
+    )
 
     def __post_init__(self):
         # TRL defaults bf16 to True, which raises on a machine without a GPU; fall back to fp32 there.
@@ -212,7 +286,19 @@ class AgentGRPOConfig(GRPOConfig):
             self.dataloader_pin_memory = False  # nothing to pin to; avoids a warning per dataloader
             self.use_cpu = True  # (see cpu_only)
         self.env_kwargs = as_dict(self.env_kwargs, "env_kwargs")
+        self.topology_kwargs = as_dict(self.topology_kwargs, "topology_kwargs")
         check_field_types(self, self._agent_field_names())
+        check_choice("topology", self.topology, tuple(TOPOLOGIES))
+        check_choice("teacher", self.teacher, TEACHER_KINDS)
+        check_source(self.privileged_source)
+        if not 0.0 <= self.teacher_ema_decay < 1.0:
+            raise ValueError(f"teacher_ema_decay must be in [0, 1), got {self.teacher_ema_decay} (e.g. 0.999)")
+        if "{context}" not in self.privileged_template or "{prompt}" not in self.privileged_template:
+            raise ValueError(
+                f"privileged_template must contain '{{context}}' and '{{prompt}}', got {self.privileged_template!r}"
+            )
+        if self.max_tokens_per_forward is not None and self.max_tokens_per_forward < 1:
+            raise ValueError(f"max_tokens_per_forward must be >= 1 or None, got {self.max_tokens_per_forward}")
         check_choice("row_format", self.row_format, ROW_FORMATS)
         check_choice("advantage_estimator", self.advantage_estimator, self._advantage_estimators())
         check_choice("credit_statistic", self.credit_statistic, CREDIT_STATISTICS)
@@ -417,10 +503,22 @@ class AgentGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "trl-agents", "agent-grpo"]
     _name = "AgentGRPO"
     _config_class = AgentGRPOConfig
-    # What a method needs from its environments: capabilities checked at start-up (a clear error instead of a
-    # failure mid-training), and signals the rollout engine records for `compute_advantages` (see RolloutEngine).
+    methods = (
+        MethodInfo("grpo", "arXiv 2402.03300", "trl_agents.credit.grpo", title="GRPO",
+                   defaults={"advantage_estimator": "grpo"}, tests=("tests/test_credit.py", "tests/test_trainer.py")),
+        MethodInfo("dr_grpo", "arXiv 2503.20783", "trl_agents.credit.grpo", title="Dr. GRPO",
+                   defaults={"advantage_estimator": "grpo", "scale_rewards": "none", "loss_type": "dr_grpo"},
+                   tests=("tests/test_credit.py",)),
+        MethodInfo("rloo", "arXiv 2402.14740", "trl_agents.credit.rloo", title="RLOO",
+                   defaults={"advantage_estimator": "rloo"}, tests=("tests/test_credit.py",)),
+    )
+    # What a method needs: environment capabilities checked at start-up (a clear error instead of a failure
+    # mid-training), beyond those of its signals and topology; the signals it declares (trl_agents.signals: computed
+    # between the rollout and credit, values in `step.signals[name]`); and which of them go into the training batch
+    # (per-token ones as `signal/<name>` (B, T) tensors, prompt-shaped ones as `prompt_signal/<name>/ids|mask`).
     required_env_capabilities: tuple[str, ...] = ()
-    record_signals: tuple[str, ...] = ()
+    signals: tuple[str, ...] = ()
+    training_signals: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -489,20 +587,124 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.rollout_progress = RolloutProgress("rollout") if show_progress else None
         self.run_info: dict[str, Any] | None = None  # run_info.json of the current train() (see trl_agents.records)
         self._trajectory_writer: TrajectoryWriter | None = None
+        self._setup_signals()
+
+    def _setup_signals(self) -> None:
+        """Resolve the declared signals; build the teacher when a teacher signal needs one."""
+        args = self.args
+        options = self.signal_options(args)
+        self.env_signals, self.model_signals = resolve_signals(self.signal_names(args), options)
+        self._signal_cache = {s.name: s for s in self.model_signals}  # topologies' mid-rollout signals join it
+        layouts = {s.name: s.layout for s in self.model_signals}
+        training = self.training_signal_names(args)
+        unknown = [name for name in training if name not in layouts]
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.training_signals names undeclared model signals: {unknown}")
+        self._training_layouts = {name: layouts[name] for name in training}
+        self._capturing = False  # on only while a rollout generates: model signals may observe its forwards
+        self._topology_signal_seconds: dict[str, float] = {}
+        teacher = None
+        if self.needs_teacher(args):
+            from ..signals.teachers import build_teacher
+
+            teacher = build_teacher(
+                args.teacher, self.accelerator.unwrap_model(self.model), self._model_for_signals,
+                reference=self.ref_model, ema_decay=args.teacher_ema_decay,
+            )
+            if teacher.kind == "ema":
+                self.add_callback(_TeacherUpdate(self, teacher))
+        self.teacher = teacher
+        self.signal_context = ModelSignalContext(
+            model_context=self._model_for_signals,
+            renderer=self.renderer,
+            row_format=args.row_format,
+            pad_token_id=self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0,
+            temperature=self.temperature,
+            max_rows_per_forward=max(args.per_device_train_batch_size, 1),
+            max_tokens_per_forward=args.max_tokens_per_forward,
+            teacher=teacher,
+        )
+
+    # ---- what the method needs ------------------------------------------------------------------------------------
+
+    @classmethod
+    def signal_options(cls, args: Any) -> dict[str, dict[str, Any]]:
+        """Options of the declared signals, from the config (`args` may be a config or any object with its fields):
+        the teacher signals' privileged view. Subclasses add their own (e.g. BiPACE's hidden-state layer)."""
+        view = {"source": args.privileged_source, "template": args.privileged_template}
+        return {"teacher_logprobs": view, "teacher_prompt": view}
+
+    @classmethod
+    def signal_names(cls, args: Any) -> tuple[str, ...]:
+        """The signals the trainer needs with `args`: its `signals` (a method whose signals depend on its config
+        overrides this, e.g. OPSD's loss choice)."""
+        return tuple(cls.signals)
+
+    @classmethod
+    def training_signal_names(cls, args: Any) -> tuple[str, ...]:
+        """The signals laid into the training batch with `args`: its `training_signals`."""
+        return tuple(cls.training_signals)
+
+    @classmethod
+    def declared_signals(cls, args: Any) -> tuple[str, ...]:
+        """Every signal the trainer computes with `args`: the declared ones, the environment signals they need, and
+        the model signals of the topology."""
+        args = _as_namespace(args)
+        env_signals, model_signals = resolve_signals(
+            [*cls.signal_names(args), *cls.make_topology(args).model_signals], cls.signal_options(args)
+        )
+        return tuple(s.name for s in [*model_signals, *env_signals])
+
+    @classmethod
+    def needs_teacher(cls, args: Any) -> bool:
+        """Whether the trainer scores with a teacher (`args.teacher`): when it declares teacher log-probs or a
+        teacher prompt (a loss that runs the teacher itself)."""
+        return bool({"teacher_logprobs", "teacher_prompt"} & set(cls.signal_names(args)))
+
+    @classmethod
+    def topology_options(cls, args: Any) -> dict[str, Any]:
+        """Options of the topology: the config's `topology_kwargs`. Method trainers build them from their own
+        fields (e.g. BPO's branch points and factor)."""
+        return dict(_as_namespace(args).topology_kwargs or {})
+
+    @classmethod
+    def make_topology(cls, args: Any) -> Topology:
+        """A new topology for one rollout: `args.topology` built with `topology_options(args)`."""
+        args = _as_namespace(args)
+        options = cls.topology_options(args)
+        try:
+            return get_topology(args.topology, **options)
+        except TypeError as err:  # a missing or unknown option
+            raise ValueError(
+                f"topology={args.topology!r} cannot be built from topology_kwargs={options!r}: {err}. See "
+                "docs/topologies.md for its options (e.g. {'max_group_size': 32} for 'adaptive')."
+            ) from None
+
+    @classmethod
+    def required_capabilities(cls, args: Any) -> tuple[str, ...]:
+        """Environment capabilities checked at start-up: the trainer's own, its signals' and its topology's."""
+        args = _as_namespace(args)
+        env_signals, model_signals = resolve_signals(cls.declared_signals(args), cls.signal_options(args))
+        return tuple(dict.fromkeys([
+            *cls.required_env_capabilities,
+            *required_capabilities([*env_signals, *model_signals]),
+            *type(cls.make_topology(args)).required_capabilities,
+        ]))
 
     @classmethod
     def _check_env_capabilities(cls, dataset, args: AgentGRPOConfig) -> None:
-        if not cls.required_env_capabilities or dataset is None or isinstance(dataset, IterableDataset):
+        needed = cls.required_capabilities(args)
+        if not needed or dataset is None or isinstance(dataset, IterableDataset):
             return
         env_names = set(dataset["env"]) if "env" in dataset.column_names else {args.env_name}
         for env_name in sorted(env_names, key=str):
             env_cls = get_env_class(env_name)
-            missing = [c for c in cls.required_env_capabilities if c not in env_cls.capabilities()]
+            missing = [c for c in needed if c not in env_cls.capabilities()]
             if missing:
                 raise ValueError(
-                    f"{cls.__name__} needs environments with {', '.join(cls.required_env_capabilities)}, but "
+                    f"{cls.__name__} needs environments with {', '.join(needed)}, but "
                     f"{env_name!r} ({env_cls.__name__}) lacks {', '.join(missing)}. Environments that have them: "
-                    f"{', '.join(_envs_with(cls.required_env_capabilities)) or 'none registered'} "
+                    f"{', '.join(_envs_with(needed)) or 'none registered'} "
                     "(`trl-agents envs` lists every environment's capabilities)."
                 )
 
@@ -526,13 +728,76 @@ class AgentGRPOTrainer(GRPOTrainer):
         estimator = get_estimator(args.advantage_estimator)
         return [estimator(group, **params) for group in groups]
 
-    def compute_auxiliary_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor | None:
+    def compute_auxiliary_loss(
+        self, model, inputs: dict[str, Any], per_token_logps: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """An extra loss term added to the policy loss (distillation, auxiliary objectives). None = no extra term.
 
-        Return the loss of this micro-batch as if there were no gradient accumulation; the trainer divides it by the
-        number of accumulation steps, as TRL does with its own loss.
+        `inputs` is the micro-batch (with the `training_signals` the trainer declares, e.g. `signal/teacher_logprobs`
+        (B, T)); `per_token_logps` are the policy's log-probs of the completion tokens that TRL's loss computed for
+        it, with their graph (reuse them instead of a second forward), or None when the policy loss is skipped
+        (`policy_loss_weight == 0`). Return the loss of this micro-batch as if there were no gradient accumulation;
+        the trainer divides it by the number of accumulation steps, as TRL does with its own loss.
         """
         return None
+
+    def log_token_means(self, values: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Log the mean of each (B, T) tensor of `values` over the `mask`ed tokens of this micro-batch on every
+        process (one all-reduce; call it from the loss, which every process runs the same number of times)."""
+        keep = mask.bool()
+        self.log_global_means({
+            name: (float(torch.where(keep, v.detach(), torch.zeros_like(v)).sum()), float(keep.sum()))
+            for name, v in values.items()
+        })
+
+    def batch_token_mean(self, values: torch.Tensor, mask: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+        """An auxiliary loss aggregated as TRL's "dapo" loss: Σ values·mask over this micro-batch divided by the
+        loss tokens of the whole generation batch on every process, so that over the micro-batches and processes
+        of a generation batch it adds up to the token mean over all of them (exactly the same with one process or
+        several, whatever the rows per micro-batch). Returned in `compute_auxiliary_loss`'s convention: before the
+        trainer's division by the accumulation steps. Masked positions may hold NaN (they are not read)."""
+        total = torch.where(mask.bool(), values, torch.zeros_like(values)).sum()
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if self.model.training:
+            normalizer = normalizer / self.args.steps_per_generation
+        return total / normalizer
+
+    @property
+    def policy_loss_weight(self) -> float:
+        """Weight of TRL's policy loss in the total loss (1). 0 skips it (and its forward) altogether: a method whose
+        whole objective is its auxiliary loss (OPSD without RL)."""
+        return 1.0
+
+    def build_topology(self) -> Topology:
+        """The topology of the next rollout (`make_topology(self.args)`; a new one per rollout)."""
+        return self.make_topology(self.args)
+
+    def save_extra_state(self, output_dir: str) -> None:
+        """Write method state that must survive a resume (e.g. 3SPO's state-score table) into a checkpoint's
+        `output_dir`; called on the process that saves, after the model."""
+
+    def load_extra_state(self, checkpoint_dir: str) -> None:
+        """Read what `save_extra_state` wrote, when `train(resume_from_checkpoint=...)` resumes from
+        `checkpoint_dir` (on every process, before training starts)."""
+
+    def compute_signals(self, groups: list[Group]) -> None:
+        """The model signals the trainer declares, on the healthy episodes of a rollout (after the rollout, before
+        credit): values land in `step.signals[name]`; each signal's seconds are logged as `signals/<name>_seconds`."""
+        timings = {f"signals/{name}_seconds": (seconds, 1) for name, seconds in self._topology_signal_seconds.items()}
+        self._topology_signal_seconds = {}  # (those the topology computed during this rollout)
+        for signal in self.model_signals:
+            start = time.perf_counter()
+            with torch.no_grad(), _no_gradient_checkpointing(self):
+                signal.compute(groups, self.signal_context)
+            name = f"signals/{signal.name}_seconds"
+            timings[name] = (timings.get(name, (0.0, 1))[0] + time.perf_counter() - start, 1)
+        if timings:
+            self.log_global_means(timings)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Log `value` under `name` for this logging step, as this process sees it (no reduction over processes;
+        use `log_global_means` for that)."""
+        self._metrics["train" if self.model.training else "eval"][name].append(float(value))
 
     def log_mean_metrics(self, prefix: str, stats: list[dict[str, float]], names: Sequence[str]) -> None:
         """Log the mean over `stats` (one dict of diagnostics per group, on every process) of each of `names` as
@@ -554,16 +819,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             if count > 0:
                 metrics[name].append(total / count)
 
-    def prepare_signals(self, batch: RolloutBatch, groups: list[Group], output: dict[str, Any]) -> None:
-        """Add extra per-row tensors to the training batch `output` (e.g. teacher log-probs under a privileged
-        prompt) before it is split into micro-batches. Rows follow `groups` (healthy episodes) in order; loss-masked
-        copies of row 0 may follow them (when a rollout yields fewer rows than micro-batches, or fewer rows than
-        another process's rollout)."""
-
     # ---- rollout and scoring --------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _model_for_generation(self):
+    def _model_for_signals(self):
+        """The policy, unwrapped for no-grad forwards (DeepSpeed ZeRO-3 gathers it as for generation)."""
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -574,6 +834,34 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
             yield unwrapped_model
+
+    @contextlib.contextmanager
+    def _model_for_generation(self):
+        """The model context of the built-in generator: the unwrapped policy, observed by the model signals that
+        capture the rollout's own forwards (e.g. hidden states from the prefill) while a rollout generates."""
+        with self._model_for_signals() as model, contextlib.ExitStack() as stack:
+            if self._capturing:
+                for signal in self.model_signals:
+                    capture = signal.capture(model)
+                    if capture is not None:
+                        stack.enter_context(capture)
+            yield model
+
+    def _signal_for_topology(self, name: str, trajectories: list[Trajectory]) -> None:
+        """A model signal a topology needs mid-rollout (e.g. entropies to rank branch points), on `trajectories`."""
+        signal = self._signal_cache.get(name)
+        if signal is None:
+            signal = self._signal_cache[name] = get_signal(name, **self.signal_options(self.args).get(name, {}))
+        capturing, self._capturing = self._capturing, False
+        start = time.perf_counter()
+        try:
+            with torch.no_grad(), _no_gradient_checkpointing(self):
+                signal.compute([Group(task={}, trajectories=list(trajectories))], self.signal_context)
+        finally:
+            self._capturing = capturing
+            self._topology_signal_seconds[name] = self._topology_signal_seconds.get(name, 0.0) + (
+                time.perf_counter() - start
+            )
 
     def _sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -594,7 +882,9 @@ class AgentGRPOTrainer(GRPOTrainer):
             row_format=self.args.row_format,
             env_pool=self.env_pool,
             system_prompt=self.args.system_prompt,
-            record_signals=self.record_signals,
+            signals=self.env_signals,
+            topology=self.build_topology(),
+            signal_fn=self._signal_for_topology,
             on_turn=self.rollout_progress.update if self.rollout_progress else None,
         )
 
@@ -620,12 +910,19 @@ class AgentGRPOTrainer(GRPOTrainer):
         tasks = _tasks_of(inputs, num_generations)
 
         self._sync_generator_weights()
+        for signal in self.model_signals:
+            signal.reset()
         with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
-            batch = self._engine().run(tasks, num_generations)
+            self._capturing = True
+            try:
+                batch = self._engine().run(tasks, num_generations)
+            finally:
+                self._capturing = False
         self.last_rollout = batch
         healthy = [group.healthy() for group in batch.groups]
+        self.compute_signals(healthy)
         advantages = self.compute_advantages(healthy)
-        rows = build_rows(healthy, advantages, self.args.row_format)
+        rows = build_rows(healthy, advantages, self.args.row_format, self._training_layouts)
         if len(rows) == 0:
             errors = sorted({t.error for t in batch.trajectories if t.error})
             raise RuntimeError(
@@ -634,7 +931,6 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         output = self._pad_rows(rows, device)
         self._add_old_and_ref_logps(output)
-        self.prepare_signals(batch, healthy, output)
         step_advantages = _step_advantages(healthy, advantages)
         self._log_rollout(batch, healthy, step_advantages, rows, mode)
         if self.args.save_trajectories and mode == "train":
@@ -652,12 +948,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             num_rows = int(self.accelerator.gather(torch.tensor([num_rows], device=device)).max())
         fillers = num_rows - len(rows)
-
-        def with_fillers(values):
-            return values + [values[0]] * fillers
-
         loss_mask_rows = [1] * len(rows) + [0] * fillers
-        rows = TrainingRows(**{f.name: with_fillers(getattr(rows, f.name)) for f in fields(rows)})
+        rows = rows.with_fillers(fillers)
 
         pad_id = self._tokenizer.pad_token_id
 
@@ -678,6 +970,12 @@ class AgentGRPOTrainer(GRPOTrainer):
             "advantages": padded(rows.advantages, 0.0, "right", torch.float32),
             "sampling_per_token_logps": padded(rows.sampling_logprobs, 0.0, "right", torch.float32),
         }
+        for name, values in rows.token_signals.items():  # NaN where a token has no value (env tokens, padding)
+            output[token_signal_key(name)] = padded(values, math.nan, "right", torch.float32)
+        for name, values in rows.prompt_signals.items():
+            ids_key, mask_key = prompt_signal_keys(name)
+            output[ids_key] = padded(values, pad_id, "left", torch.long)
+            output[mask_key] = padded([[1] * len(v) for v in values], 0, "left", torch.long)
         if self.args.row_format == "conversation":
             output["tool_mask"] = padded(rows.env_mask, 1, "right", torch.long)
         # Masked copies still count as context but never as loss tokens: make sure they carry no mask either way.
@@ -762,26 +1060,42 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         # TRL's loss multiplies by the importance-sampling ratio only `if self.use_vllm`. A vLLM generator passed in
         # (`generator=`) samples off-policy just the same, so the flag is raised for this call.
-        raise_flag = self._corrects_off_policy_sampling and not self.use_vllm
-        with _attribute_set(self, "use_vllm", True) if raise_flag else contextlib.nullcontext():
-            loss = super()._compute_loss(model, inputs)
-        auxiliary = self.compute_auxiliary_loss(model, inputs)
+        weight = self.policy_loss_weight
+        captured: dict[str, torch.Tensor] = {}
+        if weight != 0.0:
+            raise_flag = self._corrects_off_policy_sampling and not self.use_vllm
+            with (
+                _attribute_set(self, "use_vllm", True) if raise_flag else contextlib.nullcontext(),
+                _capturing_policy_logps(self, captured),
+            ):
+                loss = super()._compute_loss(model, inputs)
+            if weight != 1.0:
+                loss = weight * loss
+        else:
+            loss = torch.zeros((), device=self.accelerator.device)
+        auxiliary = self.compute_auxiliary_loss(model, inputs, captured.get("per_token_logps"))
         if auxiliary is not None:
             mode = "train" if self.model.training else "eval"
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + auxiliary / normalizer
         return loss
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """`Trainer.train`, after writing `output_dir/run_info.json` (the main process writes it, every process gets
-        its content for the trajectory records); then the environments' workers (processes, Ray actors, threads) are
-        stopped, even when training fails; a later rollout (e.g. `evaluate()`) starts new ones."""
+        its content for the trajectory records) and, when resuming, `load_extra_state(checkpoint)`; then the
+        environments' workers (processes, Ray actors, threads) are stopped, even when training fails; a later
+        rollout (e.g. `evaluate()`) starts new ones."""
         from accelerate.utils import broadcast_object_list
 
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if isinstance(checkpoint, str):
+            self.load_extra_state(checkpoint)
         self.run_info = broadcast_object_list([write_run_info(self) if self.is_world_process_zero() else None])[0]
         self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.env_pool.close()
 
@@ -803,10 +1117,12 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """Save as `Trainer` does, plus `agent_config.json`: how the agent is prompted (environment, system prompt,
-        history window, turn budget), so `trl-agents eval` and `load_agent_config` can run the checkpoint as trained."""
+        history window, turn budget), so `trl-agents eval` and `load_agent_config` can run the checkpoint as trained;
+        and the method's `save_extra_state`."""
         super()._save(output_dir, state_dict)
         if self.args.should_save:
             save_agent_config(self.args, output_dir or self.args.output_dir)
+            self.save_extra_state(output_dir or self.args.output_dir)
 
     # ---- metrics and records --------------------------------------------------------------------------------------
 
@@ -815,7 +1131,7 @@ class AgentGRPOTrainer(GRPOTrainer):
     ) -> None:
         """Rollout and credit metrics (reduced over processes), and one completions-table entry per episode."""
         trajectories = [t for group in healthy for t in group.trajectories]
-        steps = [s for t in trajectories for s in t.steps]
+        steps = [s for t in trajectories for s in t.owned_steps]  # a tree's shared steps count once
         zero_advantage, zero_std, num_groups = 0, 0, 0
         by_turn = [[0.0, 0] for _ in range(self.args.max_turns)]
         for group_index, group in enumerate(healthy):
@@ -825,10 +1141,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             num_groups += 1
             zero_advantage += all(abs(v) < 1e-8 for values in per_episode for v in values)
             zero_std += len({t.episode_return for t in group.trajectories}) <= 1
-            for values in per_episode:
-                for turn, value in enumerate(values[: len(by_turn)]):
-                    by_turn[turn][0] += value
-                    by_turn[turn][1] += 1
+            for trajectory, values in zip(group.trajectories, per_episode, strict=True):
+                for turn, value in enumerate(values, start=trajectory.fork_step):
+                    if turn < len(by_turn):
+                        by_turn[turn][0] += value
+                        by_turn[turn][1] += 1
         local = {
             "env/success_rate": (sum(t.success for t in trajectories), len(trajectories)),
             "env/episode_length": (sum(t.num_steps for t in trajectories), len(trajectories)),
@@ -840,6 +1157,15 @@ class AgentGRPOTrainer(GRPOTrainer):
             "train_rows": (len(rows), 1),
             **{f"credit/advantage_by_turn/{turn}": tuple(pair) for turn, pair in enumerate(by_turn)},
         }
+        # The rollout's cost (totals over processes) and the topology's numbers (means over the tasks of every
+        # process; maxima and round counts: the largest on any process, below).
+        maxima = {}
+        for name, value in batch.stats.items():
+            key = name if "/" in name else f"rollout/{name}"
+            if key in MAX_ROLLOUT_STATS or key.startswith("topology/max_") or key == "topology/rounds":
+                maxima[key] = value
+            else:
+                local[key] = (value, 1) if key in TOTAL_METRICS else (value * len(batch.groups), len(batch.groups))
         returns = [t.episode_return for t in trajectories]
         tokens = sum(len(p) + len(c) for p, c in zip(rows.prompt_ids, rows.completion_ids, strict=True))
         names = sorted(local)
@@ -849,7 +1175,12 @@ class AgentGRPOTrainer(GRPOTrainer):
         *totals, (squares, num_returns), (tokens, _) = self.accelerator.reduce(stats, reduction="sum").tolist()
         for name, (total, count) in zip(names, totals, strict=True):
             if count > 0:
-                self._metrics[mode][name].append(total if name == "train_rows" else total / count)
+                self._metrics[mode][name].append(total if name in TOTAL_METRICS else total / count)
+        if maxima:
+            names_max = sorted(maxima)
+            values = torch.tensor([[maxima[n] for n in names_max]], dtype=torch.float64, device=self.accelerator.device)
+            for name, value in zip(names_max, self.accelerator.gather(values).max(dim=0).values.tolist(), strict=True):
+                self._metrics[mode][name].append(value)
         if num_returns > 0:  # TRL's reward / reward_std columns, over the episodes of every process
             mean = totals[names.index("env/episode_return")][0] / num_returns
             self._metrics[mode]["reward"].append(mean)
@@ -888,6 +1219,7 @@ class AgentGRPOTrainer(GRPOTrainer):
                 os.path.join(self.args.output_dir, TRAJECTORIES_DIR),
                 run_info=self.run_info or build_run_info(self),
                 rank=self.accelerator.process_index,
+                unrecorded_signals=[s.name for s in self._signal_cache.values() if not s.recorded],
             )
         self._trajectory_writer.write(batch, step_advantages, self.state.global_step)
 
@@ -947,11 +1279,14 @@ def _shorten(text: str) -> str:
 
 
 def _step_advantages(healthy: list[Group], advantages) -> dict[tuple[int, int], list[float]]:
-    """(group index, episode id) -> one scalar advantage per step (the mean over tokens for per-token credit), for
-    the healthy episodes that were credited (`healthy[g]` is `batch.groups[g].healthy()`)."""
+    """(group index, episode id) -> one scalar advantage per step the episode owns (the mean over tokens for
+    per-token credit; for a step a tree shares, the sum its trajectories give it, as it is trained), for the
+    healthy episodes that were credited (`healthy[g]` is `batch.groups[g].healthy()`)."""
+    trained = step_values(healthy, advantages)
     scalars = {}
-    for group_index, (group, group_advantages) in enumerate(zip(healthy, advantages, strict=True)):
-        for trajectory, values in zip(group.trajectories, group_advantages, strict=True):
+    for group_index, group in enumerate(healthy):
+        for trajectory in group.trajectories:
+            values = [trained[id(step)] for step in trajectory.owned_steps]
             scalars[(group_index, trajectory.episode_id)] = [
                 float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
             ]
@@ -1024,6 +1359,34 @@ def _attribute_set(obj: Any, name: str, value: Any):
 
 
 @contextlib.contextmanager
+def _capturing_policy_logps(trainer: GRPOTrainer, store: dict[str, torch.Tensor]):
+    """Keep the per-token log-probs (with their graph) that TRL's `_compute_loss` gets from its one call of
+    `_get_per_token_logps_and_entropies` on the policy, so that an auxiliary loss reuses them (no second forward)."""
+    original = trainer._get_per_token_logps_and_entropies
+
+    def keep(*args, **kwargs):
+        out = original(*args, **kwargs)
+        store["per_token_logps"] = out[0]
+        return out
+
+    trainer._get_per_token_logps_and_entropies = keep
+    try:
+        yield
+    finally:
+        del trainer._get_per_token_logps_and_entropies  # the instance attribute; the class's method shows again
+
+
+class _TeacherUpdate(TrainerCallback):
+    """Moves an EMA teacher towards the policy after every optimizer step."""
+
+    def __init__(self, trainer: GRPOTrainer, teacher):
+        self.trainer, self.teacher = trainer, teacher
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.teacher.update(self.trainer.accelerator.unwrap_model(self.trainer.model))
+
+
+@contextlib.contextmanager
 def _no_gradient_checkpointing(trainer: GRPOTrainer):
     from trl.models.utils import disable_gradient_checkpointing
 
@@ -1047,6 +1410,15 @@ def _tasks_of(inputs: list[dict[str, Any]], num_generations: int) -> list[dict[s
             )
         tasks.append(dict(block[0]))
     return tasks
+
+
+def _as_namespace(args: Any) -> Any:
+    """A config, or a dict of config values (the registry's defaults), as an object with attribute access."""
+    if isinstance(args, dict):
+        import types
+
+        return types.SimpleNamespace(**args)
+    return args
 
 
 def _envs_with(capabilities: tuple[str, ...]) -> list[str]:

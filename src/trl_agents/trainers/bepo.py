@@ -3,7 +3,7 @@
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: per group, the mean-backup Bellman fixed point of
 the group's empirical state graph is solved exactly, its TD residuals are accumulated with GAE, and that credit is
 added to the GRPO episode advantage at the states where the observed successors disagree,
-`A = A^GRPO + g(s)·w(s)·Â^B` (math in `trl_agents/credit/bepo.py`; spec: methods_specs.md §2.1). The episode part
+`A = A^GRPO + g(s)·w(s)·Â^B` (math in `trl_agents/credit/bepo.py`; docs: docs/methods/bepo.md). The episode part
 is GRPO as `AgentGRPOConfig` sets it (`scale_rewards`, `credit_statistic`, `invalid_action_penalty`). Needs
 environments with `state_key` (the graph's nodes).
 
@@ -28,12 +28,13 @@ from ..credit.base import check_choice
 from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS, bepo_advantages_with_stats
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 
 @dataclass
 class BEPOConfig(AgentGRPOConfig):
     r"""
-    Configuration of [`BEPOTrainer`]: every [`AgentGRPOConfig`] field plus Gated-BEPO's (methods_specs.md §2.1).
+    Configuration of [`BEPOTrainer`]: every [`AgentGRPOConfig`] field plus Gated-BEPO's (docs/methods/bepo.md).
 
     The episode-level credit A^GRPO follows `scale_rewards`, `credit_statistic` and `invalid_action_penalty`.
 
@@ -54,34 +55,34 @@ class BEPOConfig(AgentGRPOConfig):
     gamma: float = field(
         default=0.95,
         metadata={"help": "β in (0, 1], discount of the mean-backup Bellman fixed point, the TD residuals and the GAE. "
-        "Our choice: 0.95, the spec's pseudo-code default and verl-agent's γ (CRBC used 0.98); methods_specs.md "
-        "§2.1.3."},
+        "Our choice: 0.95, verl-agent's γ (CRBC used 0.98); docs/methods/bepo.md, 'Our choices'."},
     )
     gae_lambda: float = field(
         default=0.95,
         metadata={"help": "λ in [0, 1] of the GAE over the TD residuals, A^B_t = Σ (βλ)^l δ_{t+l}. Our choice: 0.95 "
-        "(methods_specs.md §2.1.5 [D]); 0 = CRBC's one-step Q − V, 1 = discounted return − V(s_t)."},
+        "(docs/methods/bepo.md, 'Our choices', step 5 [D]); 0 = CRBC's one-step Q − V, 1 = discounted return − "
+        "V(s_t)."},
     )
     bepo_gate: str = field(
         default="successors",
         metadata={"help": "Confidence gate of a state: 'successors' (>= 2 distinct observed successor states, the "
-        "success/failure exits included; our choice, methods_specs.md §2.1.6 [D]), 'actions' (>= 2 distinct "
+        "success/failure exits included; our choice, docs/methods/bepo.md step 6 [D]), 'actions' (>= 2 distinct "
         "canonical actions, CRBC Eq. 13) or 'none' (always open: the '+fixed-point credit' ablation)."},
     )
     bepo_mixing: str = field(
         default="visits",
         metadata={"help": "Weight w of the gated Bellman credit: 'visits' = min(1, N(s)/mixing_n0) (our choice for the "
-        "paper's 'adaptive mixing', methods_specs.md §2.1.7 [D]) or 'fixed' = 1."},
+        "paper's 'adaptive mixing', docs/methods/bepo.md step 7 [D]) or 'fixed' = 1."},
     )
     mixing_n0: float = field(
         default=4.0,
         metadata={"help": "n0 > 0: visits of a state at which its Bellman credit gets full weight with "
-        "bepo_mixing='visits'. Our choice: 4 (methods_specs.md §2.1.7 [D])."},
+        "bepo_mixing='visits'. Our choice: 4 (docs/methods/bepo.md step 7 [D])."},
     )
     bellman_norm: str = field(
         default="std",
         metadata={"help": "'std': divide the Bellman credit by (std + 1e-6), the Bessel std of A^B over the gated "
-        "rows of the group (our choice, methods_specs.md §2.1.7 [D]; the spec's pseudo-code takes it per group), "
+        "rows of the group (our choice, docs/methods/bepo.md step 7 [D]: per group, not over the batch), "
         "or 'none'."},
     )
     anchor: str = field(
@@ -96,8 +97,8 @@ class BEPOConfig(AgentGRPOConfig):
     )
     merge_invalid_actions: bool = field(
         default=True,
-        metadata={"help": "Count every rejected action as one canonical action (our choice, methods_specs.md §2.1.1 "
-        "[D]); only bepo_gate='actions' reads actions."},
+        metadata={"help": "Count every rejected action as one canonical action (our choice, docs/methods/bepo.md "
+        "step 1 [D]); only bepo_gate='actions' reads actions."},
     )
 
     def __post_init__(self):
@@ -124,6 +125,12 @@ class BEPOTrainer(AgentGRPOTrainer):
     _tag_names = ["trl", "trl-agents", "bepo"]
     _name = "BEPO"
     _config_class = BEPOConfig
+    methods = (
+        MethodInfo("bepo", "arXiv 2608.06861", "trl_agents.credit.bepo", title="Gated-BEPO",
+                   inputs=("episode returns", "step rewards", "state keys (graph nodes)",
+                           "canonical actions (bepo_gate='actions' only)"),
+                   tests=("tests/test_credit_bepo.py",)),
+    )
     required_env_capabilities = ("state_key",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:

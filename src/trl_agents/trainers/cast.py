@@ -2,9 +2,10 @@
 
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: the GRPO outcome advantage of each episode plus
 α times a shaped per-turn solver advantage `Ã = N(s_t) − N(s_{t+1})` (asinh, divided by its RMS over every turn of
-the batch), `A_{i,t} = A_i + α·asinh(Ã_{i,t}) / RMS_B` (math in `trl_agents/credit/cast.py`). The rollout engine
-records N(s_t), N(s_{t+1}) for every step (`record_signals = ("solver_value",)`), so the method needs environments
-with an exact solver (`solver_value`: Sokoban, Rush Hour, Minesweeper, FrozenLake, ...).
+the batch), `A_{i,t} = A_i + α·asinh(Ã_{i,t}) / RMS_B` (math in `trl_agents/credit/cast.py`; docs/methods/cast.md).
+The trainer declares the `solver_value` signal, so the rollout records N(s_t), N(s_{t+1}) for every step where the
+environment lives, and the method needs environments with an exact solver (`solver_value`: Sokoban, Rush Hour,
+Minesweeper, FrozenLake, ...).
 
 Example:
     ```python
@@ -29,9 +30,9 @@ import torch
 from ..credit.base import check_choice
 from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS, Moments, cast_advantages_with_stats
 from ..envs import get_env_class
-from ..envs.minesweeper import Minesweeper
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 # The batch means of cast_advantages_with_stats and their denominators (to average them over all processes).
 STAT_DENOMINATORS = {
@@ -64,12 +65,12 @@ class CASTConfig(AgentGRPOConfig):
     cast_alpha: float = field(
         default=0.1,
         metadata={"help": "α in A = A_outcome + α·g(Ã)/RMS (CAST paper and EXPERIMENTS.md: 0.1; the code's default "
-        "when unset is 0.3; the paper sweeps 0.01/0.1/0.3/0.5). methods_with_code.md §2.1."},
+        "when unset is 0.3; the paper sweeps 0.01/0.1/0.3/0.5). docs/methods/cast.md, 'Defaults'."},
     )
     cast_transform: str = field(
         default="asinh",
         metadata={"help": "Compression g of the solver advantage: 'asinh' (CAST), or the ablations 'identity' and "
-        "'signed_log' (sign(x)·log(1+|x|)) of the code's cast_ablate mode (methods_with_code.md §2.1 notes)."},
+        "'signed_log' (sign(x)·log(1+|x|)) of the code's cast_ablate mode (docs/methods/cast.md#equations)."},
     )
     cast_norm: str = field(
         default="rms",
@@ -81,7 +82,8 @@ class CASTConfig(AgentGRPOConfig):
         default="auto",
         metadata={"help": "Boundary rules of Ã = N(s_t) − N(s_t+1): 'shortest_path' (Sokoban, Rush Hour: dead "
         "state → 0, fatal move → −N(s_t)), 'minesweeper' (win/mine-hit/rescue rules), or 'auto' — our choice "
-        "(methods_with_code.md §2.1): 'minesweeper' for Minesweeper environments, 'shortest_path' for the others."},
+        "(docs/methods/cast.md, Our choices): the rules the environment declares (`AgentEnv.solver_semantics`: "
+        "'minesweeper' for Minesweeper, 'shortest_path' for the others)."},
     )
     invalid_action_penalty: float = field(
         default=0.0,
@@ -112,8 +114,12 @@ class CASTTrainer(AgentGRPOTrainer):
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "cast"]
     _name = "CAST"
     _config_class = CASTConfig
-    required_env_capabilities = ("solver_value",)
-    record_signals = ("solver_value",)
+    methods = (
+        MethodInfo("cast", "arXiv 2607.25308", "trl_agents.credit.cast", title="CAST",
+                   inputs=("episode returns", "solver values N(s_t), N(s_t+1) of every step"),
+                   tests=("tests/test_credit_cast.py",)),
+    )
+    signals = ("solver_value",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
@@ -127,23 +133,22 @@ class CASTTrainer(AgentGRPOTrainer):
             eps=args.cast_eps,
             reduce_moments=self._sum_over_processes,
         )
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["cast/rms"].append(stats["rms"])  # already over the global batch
+        self.log_metric("cast/rms", stats["rms"])  # already over the global batch
         self.log_global_means(
             {f"cast/{name}": (stats[name] * stats[count], stats[count]) for name, count in STAT_DENOMINATORS.items()}
         )
         return advantages
 
     def solver_rule_of(self, group: Group) -> str:
-        """The boundary rules for a group: the configured `solver_rule`, or with "auto" "minesweeper" for
-        Minesweeper environments (and subclasses) and "shortest_path" for the others."""
+        """The boundary rules for a group: the configured `solver_rule`, or with "auto" the environment's own
+        `solver_semantics` (the env contract: "minesweeper" for Minesweeper, "shortest_path" for the others)."""
         if self.args.solver_rule != "auto":
             return self.args.solver_rule
         env_name = group.task.get("env") or self.args.env_name
-        return "minesweeper" if issubclass(get_env_class(env_name), Minesweeper) else "shortest_path"
+        return get_env_class(env_name).solver_semantics
 
     def _sum_over_processes(self, moments: Moments) -> Moments:
-        """RMS_B over the global batch: sum (Σ g², count) over processes (methods_with_code.md §2.7)."""
+        """RMS_B over the global batch: sum (Σ g², count) over processes (docs/methods/cast.md, 'Our choices')."""
         if self.accelerator.num_processes == 1:
             return moments
         total = self.accelerator.reduce(

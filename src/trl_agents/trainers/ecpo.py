@@ -3,7 +3,7 @@
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: at every anchor state, the mean step return of each
 canonical action is shrunk toward the state's mean, and the resulting action advantage is added to the GRPO episode
 advantage with a weight that grows with the between-action share of the return variance,
-`Â = A^GRPO + ω·ρ_VG(s)·A_act(s, u)` (math in `trl_agents/credit/ecpo.py`; spec: methods_specs.md §2.2). The episode
+`Â = A^GRPO + ω·ρ_VG(s)·A_act(s, u)` (math in `trl_agents/credit/ecpo.py`; docs: docs/methods/ecpo.md). The episode
 part is GRPO as `AgentGRPOConfig` sets it (`scale_rewards`, `credit_statistic`, `invalid_action_penalty`). Needs
 environments with `state_key` (the anchors); canonical actions come from the env's `info["action"]` (ALFWorld:
 `info["command"]`), else the normalised action text.
@@ -29,12 +29,13 @@ from ..credit.base import check_choice
 from ..credit.ecpo import ecpo_advantages_with_stats
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 
 @dataclass
 class ECPOConfig(AgentGRPOConfig):
     r"""
-    Configuration of [`ECPOTrainer`]: every [`AgentGRPOConfig`] field plus ECPO's (methods_specs.md §2.2).
+    Configuration of [`ECPOTrainer`]: every [`AgentGRPOConfig`] field plus ECPO's (docs/methods/ecpo.md).
 
     The episode-level credit A^GRPO follows `scale_rewards`, `credit_statistic` and `invalid_action_penalty`.
 
@@ -51,29 +52,29 @@ class ECPOConfig(AgentGRPOConfig):
 
     gamma: float = field(
         default=0.95,
-        metadata={"help": "Discount γ in [0, 1] of the step returns R_t = Σ γ^(k−t) r_k (methods_specs.md §2.2: "
-        "'γ as GiGPO'; verl-agent scripts: 0.95)."},
+        metadata={"help": "Discount γ in [0, 1] of the step returns R_t = Σ γ^(k−t) r_k (as GiGPO; verl-agent "
+        "scripts: 0.95)."},
     )
     step_advantage_w: float = field(
         default=1.0,
         metadata={"help": "ω, weight of the gated action advantage in Â = A^GRPO + ω·ρ_VG·A_act. Our choice: 1.0 as "
-        "GiGPO (methods_specs.md §2.2.5 [D])."},
+        "GiGPO (docs/methods/ecpo.md, 'Our choices', step 5 [D])."},
     )
     shrinkage_kappa: float = field(
         default=2.0,
         metadata={"help": "κ >= 0, pseudo-count pulling an action's mean return toward its state's mean: "
-        "(n·G + κ·μ)/(n + κ). 2.0 in the paper (methods_specs.md §2.2.2 [S]); 0 = no shrinkage."},
+        "(n·G + κ·μ)/(n + κ). 2.0 in the paper (docs/methods/ecpo.md step 2 [S]); 0 = no shrinkage."},
     )
     variance_gate_tau: float | None = field(
         default=None,
         metadata={"help": "τ > 0 of the gate's confidence tanh(n_s/τ), n_s = visits of the state. None = the group "
-        "size G (our choice: τ was not recovered from the paper; methods_specs.md §2.2.4 [D])."},
+        "size G (our choice: τ was not recovered from the paper; docs/methods/ecpo.md, 'Our choices', step 4 [D])."},
     )
     ecpo_mode: str = field(
         default="mean_norm",
         metadata={"help": "Scale F of the action advantage (μ̃ − μ_s)/F: 'mean_norm' (F = 1) or 'mean_std_norm' "
         "(F = std of the state's step returns + 1e-6). Our choice: follow GiGPO's mode, default mean_norm "
-        "(methods_specs.md §2.2.3 [D])."},
+        "(docs/methods/ecpo.md, 'Our choices', step 3 [D])."},
     )
     anchor: str = field(
         default="state_key",
@@ -88,7 +89,8 @@ class ECPOConfig(AgentGRPOConfig):
     merge_invalid_actions: bool = field(
         default=True,
         metadata={"help": "Count every rejected action as one canonical action '<invalid>' (they are all the same "
-        "no-op); our choice, methods_specs.md §2.2.1 [D]. False tells them apart by their normalised text."},
+        "no-op); our choice, docs/methods/ecpo.md, 'Our choices', step 1 [D]. False tells them apart by their "
+        "normalised text."},
     )
 
     def __post_init__(self):
@@ -119,6 +121,12 @@ class ECPOTrainer(AgentGRPOTrainer):
     _tag_names = ["trl", "trl-agents", "ecpo"]
     _name = "ECPO"
     _config_class = ECPOConfig
+    methods = (
+        MethodInfo("ecpo", "arXiv 2606.05885", "trl_agents.credit.ecpo", title="ECPO",
+                   inputs=("episode returns", "step rewards", "state keys",
+                           "canonical actions (info['action'] / info['command'], else normalised text)"),
+                   tests=("tests/test_credit_ecpo.py",)),
+    )
     required_env_capabilities = ("state_key",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:

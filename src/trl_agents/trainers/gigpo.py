@@ -2,7 +2,7 @@
 
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: an episode-level group advantage plus a
 step-level advantage among the steps that acted from the same (anchor) state, `A = A^E + ω·A^S`
-(math in `trl_agents/credit/gigpo.py`). Defaults follow the reference code (verl-agent; anchor_verl_agent.md §1.9):
+(math in `trl_agents/credit/gigpo.py`; docs: docs/methods/gigpo.md). Defaults follow the reference code (verl-agent):
 γ = 0.95, ω = 1, `mean_norm`, statistics over step rows, invalid-action penalty 0.1.
 
 Example:
@@ -25,6 +25,7 @@ from ..credit import gigpo_advantages_with_stats
 from ..credit.base import check_choice
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 
 @dataclass
@@ -87,6 +88,11 @@ class GiGPOTrainer(AgentGRPOTrainer):
     _tag_names = ["trl", "trl-agents", "gigpo"]
     _name = "GiGPO"
     _config_class = GiGPOConfig
+    methods = (
+        MethodInfo("gigpo", "arXiv 2505.10978", "trl_agents.credit.gigpo", title="GiGPO",
+                   inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
+                   tests=("tests/test_credit.py", "tests/test_trainer.py")),
+    )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args

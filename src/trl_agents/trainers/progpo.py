@@ -3,7 +3,7 @@
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: A = A^E + w_p·A^peer + w_tr·A^tr/σ_tr, where
 A^peer compares the returns of episodes that acted after the exact same history, and A^tr = γΦ(s') − Φ(s) is the
 difference of rollout-estimated success potentials, fused across history depths by inverse variance (math in
-`trl_agents/credit/progpo.py`; spec methods_specs.md §2.3, mostly our design [D] because only the abstract is
+`trl_agents/credit/progpo.py`; docs: docs/methods/progpo.md, mostly our design [D] because only the abstract is
 available). σ_tr is the std of the transition credits over the whole generation batch (all processes).
 
 Example:
@@ -29,6 +29,7 @@ from ..credit.base import check_choice
 from ..credit.progpo import ANCHORS, MODES, PREFIXES, combine_parts, progpo_parts, transition_scale
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 TRANSITION_NORMS = ("batch", "group", "none")
 
@@ -36,7 +37,7 @@ TRANSITION_NORMS = ("batch", "group", "none")
 @dataclass
 class ProGPOConfig(AgentGRPOConfig):
     r"""
-    Configuration of [`ProGPOTrainer`]: every [`AgentGRPOConfig`] field plus ProGPO's (methods_specs.md §2.3).
+    Configuration of [`ProGPOTrainer`]: every [`AgentGRPOConfig`] field plus ProGPO's (docs/methods/progpo.md).
 
     Args:
         gamma (`float`, *optional*, defaults to `0.95`): Discount of the step returns and of the potential
@@ -56,40 +57,40 @@ class ProGPOConfig(AgentGRPOConfig):
     gamma: float = field(
         default=0.95,
         metadata={"help": "Discount γ of the step returns R_t and of the transition credit γΦ(s_{t+1}) − Φ(s_t) "
-        "(verl-agent ALFWorld/WebShop scripts: 0.95; methods_specs.md §0.4)."},
+        "(verl-agent ALFWorld/WebShop scripts: 0.95; docs/concepts/verl_agent_conventions.md)."},
     )
     peer_weight: float = field(
         default=1.0,
         metadata={"help": "w_p, weight of the exact-prefix peer advantage A^peer (our choice: 1, as GiGPO's ω; "
-        "methods_specs.md §2.3 step 5 [D])."},
+        "docs/methods/progpo.md, 'Our choices', step 5 [D])."},
     )
     transition_weight: float = field(
         default=1.0,
         metadata={"help": "w_tr, weight of the normalised transition credit A^tr/σ_tr (our choice: 1; "
-        "methods_specs.md §2.3 step 5 [D])."},
+        "docs/methods/progpo.md, 'Our choices', step 5 [D])."},
     )
     transition_norm: str = field(
         default="batch",
         metadata={"help": "σ_tr dividing the transition credit: 'batch' (std over the step rows of the generation "
         "batch, all processes, of the groups with both successes and failures, the only ones with transition "
-        "credit; methods_specs.md §2.3 step 5 [D]), 'group' (std within the task's group) or 'none' (σ_tr = 1). "
+        "credit; docs/methods/progpo.md step 5 [D]), 'group' (std within the task's group) or 'none' (σ_tr = 1). "
         "A std of 0 counts as 1. Our choice."},
     )
     progpo_mode: str = field(
         default="mean_std_norm",
         metadata={"help": "Normalisation of A^E and A^peer: 'mean_std_norm' (z-score, F = std + 1e-6; our choice "
-        "following HGPO, whose groups are z-scored, methods_specs.md §2.3) or 'mean_norm' (F = 1)."},
+        "following HGPO, whose groups are z-scored; docs/methods/progpo.md) or 'mean_norm' (F = 1)."},
     )
     episode_statistic: str = field(
         default="trajectories",
-        metadata={"help": "Population of the episode-level mean/std of A^E: 'trajectories' (GRPO, the spec's A^E_i; "
+        metadata={"help": "Population of the episode-level mean/std of A^E: 'trajectories' (GRPO's A^E_i; "
         "our choice) or 'step_rows' (verl-agent: longer episodes weigh more)."},
     )
     prefix: str = field(
         default="interaction",
-        metadata={"help": "Exact-prefix peers (methods_specs.md §2.3 step 1): 'interaction' = same observations and "
-        "canonical actions before the step and same current observation (the spec's 'entire interaction "
-        "prefix'); 'actions' = same canonical actions only (equal in deterministic environments). Canonical "
+        metadata={"help": "Exact-prefix peers (docs/methods/progpo.md step 1): 'interaction' = same observations and "
+        "canonical actions before the step and same current observation (the paper's exact interaction "
+        "prefix); 'actions' = same canonical actions only (equal in deterministic environments). Canonical "
         "action (our choice): step.info['action'] (ALFWorld: 'command') when the env reports one, else the reply "
         "lower-cased with whitespace collapsed."},
     )
@@ -101,18 +102,18 @@ class ProGPOConfig(AgentGRPOConfig):
     potential_depth: int = field(
         default=2,
         metadata={"help": "K: potentials are estimated on the history contexts C_k(s_t) = (s_{t−k}, …, s_t) for "
-        "k = 0..K and fused by inverse variance (our choice: 2, HGPO's memory window 2 or 4; methods_specs.md "
-        "§2.3 step 2 [D])."},
+        "k = 0..K and fused by inverse variance (our choice: 2, HGPO's memory window 2 or 4; docs/methods/progpo.md "
+        "step 2 [D])."},
     )
     potential_smoothing: bool = field(
         default=True,
         metadata={"help": "Beta(1, 1) prior on each context's success rate, Φ̂ = (successes + 1)/(visits + 2) "
-        "(our choice, methods_specs.md §2.3 step 2 [D]); False: successes/visits."},
+        "(our choice, docs/methods/progpo.md step 2 [D]); False: successes/visits."},
     )
     potential_variance_floor: float = field(
         default=1e-4,
         metadata={"help": "ε₀ in Var_k = Φ̂_k(1 − Φ̂_k)/n_k + ε₀, so that no context gets infinite weight "
-        "(our choice, methods_specs.md §2.3 step 2 [D])."},
+        "(our choice, docs/methods/progpo.md step 2 [D])."},
     )
 
     def __post_init__(self):
@@ -139,6 +140,13 @@ class ProGPOTrainer(AgentGRPOTrainer):
     _tag_names = ["trl", "trl-agents", "progpo"]
     _name = "ProGPO"
     _config_class = ProGPOConfig
+    methods = (
+        MethodInfo("progpo", "arXiv 2607.04242", "trl_agents.credit.progpo", title="ProGPO",
+                   inputs=("episode returns", "success labels", "step rewards",
+                           "canonical actions (info['action'] or the reply)",
+                           "state keys (observation text when the env has none)"),
+                   tests=("tests/test_credit_progpo.py",)),
+    )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args

@@ -4,7 +4,7 @@ arXiv 2606.25852).
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: in every group with a success, each step of a
 failed episode is scored against the steps of one successful sibling; a step that moves the failed episode further
 along the sibling than before earns r̃_t = c·(new progress)/|s*|, and GiGPO runs on the shaped rewards (math in
-`trl_agents/credit/scpo.py`; spec methods_specs.md §2.4). The scorer is pluggable: a built-in by name
+`trl_agents/credit/scpo.py`; docs: docs/methods/scpo.md). The scorer is pluggable: a built-in by name
 (`scpo_scorer`: "lexical", "difflib", "exact", or one registered with `trl_agents.credit.scpo.register_scorer`),
 or any callable `scorer(failed_step, successful_sibling) -> [score in [0, 1] per sibling step]` passed to the
 trainer (e.g. a cross-encoder reranker, as in the paper).
@@ -31,13 +31,14 @@ from ..credit.base import check_choice
 from ..credit.scpo import SCORERS, SHAPING_LEVELS, SIBLING_CHOICES, Scorer, get_scorer, scpo_advantages_with_stats
 from ..trajectory import Group
 from .gigpo import GiGPOConfig, GiGPOTrainer
+from .registry import MethodInfo
 
 
 @dataclass
 class SCPOConfig(GiGPOConfig):
     r"""
     Configuration of [`SCPOTrainer`]: every [`GiGPOConfig`] field (the estimator SCPO shapes) plus SCPO's
-    (methods_specs.md §2.4).
+    (docs/methods/scpo.md).
 
     Args:
         scpo_scorer (`str`, *optional*, defaults to `"lexical"`): Built-in scorer of failed steps against the sibling.
@@ -53,7 +54,7 @@ class SCPOConfig(GiGPOConfig):
         default="lexical",
         metadata={"help": "Scorer of each failed step against every step of the successful sibling, in [0, 1]: "
         "'lexical' (token-overlap Dice of observation and canonical action; our choice, a cheap offline stand-in "
-        "for the paper's cross-encoder reranker, methods_specs.md §2.4 step 2 [S]), 'difflib' (character "
+        "for the paper's cross-encoder reranker, docs/methods/scpo.md step 2 [S]), 'difflib' (character "
         "SequenceMatcher ratio; ~80x slower on long observations), 'exact' (same state_key and canonical action; "
         "for envs with state keys, e.g. Sokoban) or a name registered with "
         "trl_agents.credit.scpo.register_scorer. A callable passed to SCPOTrainer(scorer=...) overrides it."},
@@ -61,31 +62,31 @@ class SCPOConfig(GiGPOConfig):
     progress_threshold: float = field(
         default=0.8,
         metadata={"help": "τ: a failed step matches sibling step j when its score is >= τ; its progress index is "
-        "the last matched j (our choice: 0.8, methods_specs.md §2.4 step 3 [D])."},
+        "the last matched j (our choice: 0.8, docs/methods/scpo.md step 3 [D])."},
     )
     progress_coef: float = field(
         default=0.5,
         metadata={"help": "κ: new progress earns r̃ = κ·R(s*)·(P_t − P_{t−1})/|s*|, so a failed episode earns at "
-        "most κ times the sibling's return (the spec's c = 0.5·r_success with r_success = the sibling's return; "
-        "our choice, methods_specs.md §2.4 step 4 [D])."},
+        "most κ times the sibling's return (c = 0.5·r_success with r_success = the sibling's return; our choice, "
+        "docs/methods/scpo.md step 4 [D])."},
     )
     sibling: str = field(
         default="shortest",
         metadata={"help": "Successful sibling s* that failed episodes are compared with: 'shortest' (fewest steps, "
-        "then highest return; methods_specs.md §2.4 step 1 [D]) or 'highest_return' (then fewest steps). Ties: "
+        "then highest return; docs/methods/scpo.md step 1 [D]) or 'highest_return' (then fewest steps). Ties: "
         "smallest content, independent of episode order. Our choice."},
     )
     shaping_level: str = field(
         default="episode_and_step",
         metadata={"help": "'episode_and_step': GiGPO runs on the shaped rewards r' = r + r̃, which also enter the "
-        "episode return of A^E (methods_specs.md §2.4 step 5: 'new step reward r'_t … then compute GiGPO as "
-        "usual'); 'step': only GiGPO's step-level returns are shaped, A^E stays the outcome advantage (the "
+        "episode return of A^E (docs/methods/scpo.md step 5: the shaped rewards replace r before GiGPO); "
+        "'step': only GiGPO's step-level returns are shaped, A^E stays the outcome advantage (the "
         "digest's 'added to GiGPO's step rewards' [S]). Our choice."},
     )
     scorer_action_weight: float = field(
         default=0.5,
         metadata={"help": "Weight w of the action in the text scorers: score = (1 − w)·sim(observations) + "
-        "w·sim(canonical actions) (our choice, methods_specs.md §2.4 step 2: text = observation + action)."},
+        "w·sim(canonical actions) (our choice, docs/methods/scpo.md step 2: text = observation + action)."},
     )
 
     def __post_init__(self):
@@ -117,6 +118,13 @@ class SCPOTrainer(GiGPOTrainer):
     _tag_names = ["trl", "trl-agents", "scpo"]
     _name = "SCPO"
     _config_class = SCPOConfig
+    methods = (
+        MethodInfo("scpo", "arXiv 2606.25852", "trl_agents.credit.scpo", title="SCPO",
+                   inputs=("episode returns", "success labels", "step rewards",
+                           "step observations + canonical actions (scorer)",
+                           "state keys (observation text when the env has none)"),
+                   tests=("tests/test_credit_scpo.py",)),
+    )
 
     def __init__(self, *positional, scorer: Scorer | None = None, **keywords):
         if scorer is not None and not callable(scorer):

@@ -9,7 +9,7 @@ of the historical state score, success), centred among the group's steps taken f
 3SPO's adaptive rollout allocation (branching n(s) = ceil(G_max·S(s)) siblings from visited states) needs a
 branching rollout; the table exposes it as `trainer.state_scores.num_rollouts(state, task_id)` for one, and until then
 the siblings of a step are the steps of the G independent episodes taken from the same state
-(methods_with_code.md §5.6).
+(docs/methods/3spo.md#what-it-does).
 
 The table's API: `score(state, task_id)` (S(s), Eq. 1), `omega(state, task_id)`, `visits(state, task_id)`,
 `successes(state, task_id)`, `num_rollouts(state, task_id, g_max)` (Eq. 3), `update(groups)`, `save(path)`,
@@ -39,12 +39,11 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from transformers.trainer_utils import get_last_checkpoint
-
 from ..credit.base import check_choice
 from ..credit.sspo import MODES, SCOPES, TERMINAL_SCORES, StateScoreTable, sspo_advantages_with_stats
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ class SSPOConfig(AgentGRPOConfig):
     score_alpha: float = field(
         default=50.0,
         metadata={"help": "α in λ(t) = α·log t, S(s) = exp(−λ(t)·SR(s)) (3SPO README/launcher: 50; the code's "
-        "StateScoreManager default is 1.0). methods_with_code.md §5.1-5.2."},
+        "StateScoreManager default is 1.0). docs/methods/3spo.md, 'Defaults'."},
     )
     score_xi: float = field(
         default=10.0,
@@ -86,7 +85,7 @@ class SSPOConfig(AgentGRPOConfig):
     score_eps: float = field(default=1e-6, metadata={"help": "ε of the success rate N⁺/(N + ε) (3SPO: 1e-6)."})
     state_scope: str = field(
         default="task",
-        metadata={"help": "'task': statistics per (task, state) — our choice (methods_with_code.md §5.6): the "
+        metadata={"help": "'task': statistics per (task, state) — our choice (docs/methods/3spo.md, 'Our choices'): the "
         "library's state keys are task-local (a Sokoban key is a player and box position, shared by different "
         "rooms); 'global': one entry per state key across tasks, as the 3SPO code hashes the anchor observation "
         "text (right for ALFWorld, whose key is that text)."},
@@ -99,7 +98,7 @@ class SSPOConfig(AgentGRPOConfig):
     episode_advantage_w: float = field(
         default=0.0,
         metadata={"help": "Weight of an episode-level GRPO advantage added to every step (normalised like "
-        "sspo_mode). 0 = the 3SPO code (R_3SPO only, it already holds 0.5·success); methods_with_code.md §5.6 "
+        "sspo_mode). 0 = the 3SPO code (R_3SPO only, it already holds 0.5·success); docs/methods/3spo.md, 'Our choices', "
         "lists adding it as an option."},
     )
 
@@ -107,7 +106,7 @@ class SSPOConfig(AgentGRPOConfig):
         default="current",
         metadata={"help": "S of the state after an episode's last action, which the rollout does not record: "
         "'current' (S(s_t): no score change on the last step) or 'unseen' (1, as the table never counts it). Our "
-        "choice (methods_with_code.md §5.6; the 3SPO code observes that state)."},
+        "choice (docs/methods/3spo.md, 'Our choices'; the 3SPO code observes that state)."},
     )
 
     def __post_init__(self):
@@ -129,13 +128,19 @@ class SSPOTrainer(AgentGRPOTrainer):
     """3SPO on `AgentGRPOTrainer` (see the module docstring): step credit from the persistent `state_scores` table.
 
     Logged diagnostics: `3spo/mean_step_reward`, `3spo/mean_state_score`, `3spo/low_score_fraction` (steps with
-    S < 0.01: with α = 50 the score is almost binary, §5.6), `3spo/novel_fraction`, `3spo/singleton_fraction`,
+    S < 0.01: with α = 50 the score is almost binary, docs/methods/3spo.md), `3spo/novel_fraction`, `3spo/singleton_fraction`,
     `3spo/table_size` (states in the table) and `3spo/episodes_counted` (t − 1).
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "3spo"]
     _name = "3SPO"
     _config_class = SSPOConfig
+    methods = (
+        MethodInfo("3spo", "arXiv 2606.09961", "trl_agents.credit.sspo", title="3SPO",
+                   inputs=("success flags", "state keys (observation text when the env has none)",
+                           "persistent state-visit table"),
+                   tests=("tests/test_credit_3spo.py",)),
+    )
     required_env_capabilities = ("state_key",)
 
     def __init__(self, *args, **kwargs):
@@ -169,8 +174,8 @@ class SSPOTrainer(AgentGRPOTrainer):
         if mode == "train":  # scores of this batch came from the table before it; now add the batch
             self._update_state_scores(groups)
         self.log_mean_metrics("3spo", stats_with_steps, STAT_NAMES)
-        self._metrics[mode]["3spo/table_size"].append(float(len(self.state_scores.counts)))
-        self._metrics[mode]["3spo/episodes_counted"].append(float(self.state_scores.t - 1))
+        self.log_metric("3spo/table_size", len(self.state_scores.counts))
+        self.log_metric("3spo/episodes_counted", self.state_scores.t - 1)
         return advantages
 
     def _update_state_scores(self, groups: list[Group]) -> None:
@@ -185,11 +190,17 @@ class SSPOTrainer(AgentGRPOTrainer):
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """Save as `AgentGRPOTrainer` does, plus the state-score table (`state_scores.json`)."""
-        super()._save(output_dir, state_dict)
-        if self.args.should_save:
-            self.state_scores.save(os.path.join(output_dir or self.args.output_dir, STATE_SCORES_NAME))
+    def save_extra_state(self, output_dir: str) -> None:
+        """The state-score table, next to every checkpoint (`state_scores.json`)."""
+        self.state_scores.save(os.path.join(output_dir, STATE_SCORES_NAME))
+
+    def load_extra_state(self, checkpoint_dir: str) -> None:
+        """The state-score table of the checkpoint `train(resume_from_checkpoint=...)` resumes from."""
+        if not self.load_state_scores(checkpoint_dir):
+            logger.warning(
+                "Checkpoint %s has no %s: 3SPO resumes with an empty state-score table.", checkpoint_dir,
+                STATE_SCORES_NAME,
+            )
 
     def load_state_scores(self, directory: str) -> bool:
         """Replace the table's statistics by those saved in `directory` (a checkpoint); False when it has none."""
@@ -198,14 +209,3 @@ class SSPOTrainer(AgentGRPOTrainer):
             return False
         self.state_scores.load_counts(path)
         return True
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train`, which first restores the state-score table when resuming from a checkpoint."""
-        directory = resume_from_checkpoint
-        if directory is True:
-            directory = get_last_checkpoint(self.args.output_dir)
-        if isinstance(directory, str) and not self.load_state_scores(directory):
-            logger.warning(
-                "Checkpoint %s has no %s: 3SPO resumes with an empty state-score table.", directory, STATE_SCORES_NAME
-            )
-        return super().train(resume_from_checkpoint, *args, **kwargs)

@@ -1,11 +1,11 @@
-"""VICT: verifier-instrumented credit tracing (Li et al. 2026, arXiv 2608.28128; methods_specs.md §2.5).
+"""VICT: verifier-instrumented credit tracing (Li et al. 2026, arXiv 2608.28128; docs/methods/vict.md).
 
 The only change w.r.t. `AgentGRPOTrainer` is `compute_advantages`: the GRPO advantage A_i of every episode is moved
 onto the steps that witnessed the atoms of its verifier core, along dependency-valid edges, and kept broadcast when
-the evidence is incomplete or ambiguous (math in `trl_agents/credit/vict.py`). The trainer asks the rollout engine
-to record `env.verify()` at the end of every episode (`record_signals = ("verify",)`) and refuses environments
-without an instrumented verifier at start-up (`required_env_capabilities = ("verify",)`: alfworld, webshop-lite,
-searchqa).
+the evidence is incomplete or ambiguous (math in `trl_agents/credit/vict.py`; docs/methods/vict.md). The trainer
+declares the `verifier_atoms` signal, so the rollout records `env.verify()` at the end of every episode where the
+environment lives, and environments without an instrumented verifier are refused at start-up (the signal needs the
+`verify` capability: alfworld, webshop-lite, searchqa).
 
 Logged per rollout: `vict/abstention_rate` (fraction of episodes that kept broadcast credit),
 `vict/mean_credited_steps` (|E_i|, steps carrying the credit of a traced episode), `vict/credited_step_fraction`
@@ -33,6 +33,7 @@ from ..credit.base import check_choice
 from ..credit.vict import ABSTAIN_REASONS, FAILURE_CORES, vict_advantages_with_stats
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .registry import MethodInfo
 
 
 @dataclass
@@ -54,7 +55,7 @@ class VICTConfig(AgentGRPOConfig):
     edge_share: float = field(
         default=1.0,
         metadata={"help": "ρ in [0, 1]: share of the episode's GRPO advantage moved onto the witness steps of its "
-        "proof edges, A_t = A·[(1−ρ) + ρ·T·1[t∈E]/|E|]; 1−ρ stays broadcast. Our choice (methods_specs.md §2.5 "
+        "proof edges, A_t = A·[(1−ρ) + ρ·T·1[t∈E]/|E|]; 1−ρ stays broadcast. Our choice (docs/methods/vict.md "
         "step 5, [D]: mass-preserving redistribution with an optional floor, ρ = 1 by default)."},
     )
     failure_core: str = field(
@@ -62,7 +63,7 @@ class VICTConfig(AgentGRPOConfig):
         metadata={"help": "Core of a failed episode, whose unsat atoms take its (usually negative) credit: 'greedy' "
         "(the first non-sat atom in dependency order, ties in the verifier's order; abstain if it is unknown), "
         "'all_unsat' (every unsat atom; abstain on any unknown atom) or 'none' (failures keep broadcast credit). "
-        "Our choice (methods_specs.md §2.5 step 2: [S] greedy core search, [D] the concrete rule)."},
+        "Our choice (docs/methods/vict.md step 2: [S] greedy core search, [D] the concrete rule)."},
     )
 
     def __post_init__(self):
@@ -80,7 +81,7 @@ class VICTConfig(AgentGRPOConfig):
             )
 
     def _advantage_estimators(self) -> tuple[str, ...]:
-        return ("grpo",)  # VICT redistributes GRPO's episode advantage (§2.5 step 5)
+        return ("grpo",)  # VICT redistributes GRPO's episode advantage (docs/methods/vict.md step 5)
 
 
 class VICTTrainer(AgentGRPOTrainer):
@@ -89,8 +90,12 @@ class VICTTrainer(AgentGRPOTrainer):
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "vict"]
     _name = "VICT"
     _config_class = VICTConfig
-    required_env_capabilities = ("verify",)
-    record_signals = ("verify",)
+    methods = (
+        MethodInfo("vict", "arXiv 2608.28128", "trl_agents.credit.vict", title="VICT",
+                   inputs=("episode returns", "verifier atoms (env.verify(): status, witness step, dependencies)"),
+                   tests=("tests/test_credit_vict.py",)),
+    )
+    signals = ("verifier_atoms",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args

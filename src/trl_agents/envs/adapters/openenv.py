@@ -184,7 +184,7 @@ class OpenEnvClient(AgentEnv):
         action_from_text: How the model's text becomes an action: a field name (the action is `{field: text}`), or a
             callable `text -> dict`, returning None for text it cannot turn into an action (then `valid=False` and
             nothing is sent). Default `"message"`, the text field of OpenEnv's text environments (echo, TextArena)
-            and of `serve_openenv` servers (our choice, envs.md §14).
+            and of `serve_openenv` servers (our choice, envs/openenv/README.md).
         observation_to_text: How an observation dict becomes the text the model sees: a field name, a callable
             `dict -> str`, or None for `default_observation_to_text`.
         instructions: The system prompt. None asks the server: trl-agents servers report their env's instructions;

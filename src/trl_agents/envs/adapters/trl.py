@@ -1,12 +1,13 @@
 """TRL's `environment_factory` in both directions: TRL tool environments under trl-agents, and our envs under TRL.
 
-TRL 1.16's `GRPOTrainer(environment_factory=...)` (trl_groundwork.md §1.3) takes a class whose instances hold one
-episode: `reset(**row)` receives the whole dataset row and may return a string, which TRL appends to the prompt's
-last user message; every other public method is a *tool* (its JSON schema comes from type hints and a Google-style
-docstring); the model plays by emitting tool calls, which TRL executes, feeding each result back as a `tool`
-message, until the model answers without a tool call. Rewards come from `reward_funcs(environments=..., ...)` and
-from an optional `get_reward()` method. A tool that raises has its error shown to the model (TRL's documented way to
-reject an action or to say the game is over); by convention a `done` attribute marks the end of an episode.
+TRL 1.16's `GRPOTrainer(environment_factory=...)` (docs/concepts/trl_internals.md#environment_factory) takes a class
+whose instances hold one episode: `reset(**row)` receives the whole dataset row and may return a string, which TRL
+appends to the prompt's last user message; every other public method is a *tool* (its JSON schema comes from type
+hints and a Google-style docstring); the model plays by emitting tool calls, which TRL executes, feeding each result
+back as a `tool` message, until the model answers without a tool call. Rewards come from
+`reward_funcs(environments=..., ...)` and from an optional `get_reward()` method. A tool that raises has its error
+shown to the model (TRL's documented way to reject an action or to say the game is over); by convention a `done`
+attribute marks the end of an episode.
 
 - `TRLEnvironment` (registered as `"trl-environment"`) and `from_trl_environment(EnvClass, reward_funcs)` play such
   a class as an `AgentEnv`, so trl-agents trainers (per-turn prompts, credit assignment, GiGPO, ...) can train on

@@ -1,0 +1,76 @@
+"""Rollout topologies: which episodes a rollout runs, when to fork from a snapshot, how trajectories relate.
+
+The engine (`rollout/engine.py`) drives a `Topology`: it asks for the first episodes, asks again after every turn
+and whenever nothing is left to play, and carries out the requests (`Launch`: new episodes from a task's initial
+state; `Fork`: new episodes from the state before a recorded step, sharing that step's prefix). Generation stays one
+call per turn across every active episode of every task and branch; environments stay in the `EnvPool`.
+
+| name          | what it runs                                                            | used by |
+|---------------|-------------------------------------------------------------------------|---------|
+| `independent` | G episodes per task from its initial state (the default)                | GRPO, every credit method |
+| `adaptive`    | rounds of episodes per task until the group carries signal, up to a cap | CANOPY |
+| `branching`   | G backbones, then K−1 forks at each backbone's highest-entropy steps    | BPO |
+
+Trees: a forked trajectory records `parent_id` (the episode it forked from) and `fork_step` (its first own step);
+its `steps[:fork_step]` are the parent's `Step` objects. Training rows train every step once (in the row of the
+trajectory that owns it) with the sum of the advantages its trajectories give it, which is what training each
+root-to-leaf path as its own sequence gives at importance ratio 1 (`rollout/rows.py`). Records store each step once,
+with `branch_id` / `parent_id` links (`trl_agents.records`).
+
+How the shapes the protocol does not ship yet plug in, without changing the engine:
+
+* **Token-level branching** (APPO): a topology returns `Fork(..., action_prefix=ids)`; the engine appends the prefix
+  to the forked episode's prompt for that one turn and records prefix + continuation as its action (the prefix's
+  sampling log-probs copied from the parent), through any generator, the vLLM client included.
+* **K parallel environments per step** (DPEPO): one policy turn acting in K environments is an environment of its
+  own — an adapter holding the K copies and parsing the parallel output format — launched like any other; the
+  topology only decides how many such episodes a task gets.
+* **Two alternating policies** (IB-RL): the engine passes every prompt's acting role (`env.current_role()`) to a
+  generator that declares `routes_by_role = True` (`generate(prompts, sampling, roles=...)`), which sends each
+  role's prompts to its own adapter or model within the turn's one call; the topology launches the joint episodes.
+
+Example:
+    >>> from trl_agents.rollout.topologies import get_topology
+    >>> get_topology("branching", branch_factor=3, score="random").branch_factor
+    3
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...names import did_you_mean
+from .adaptive import AdaptiveTopology
+from .base import Fork, Launch, Request, RolloutView, Topology
+from .branching import BRANCH_SCORES, BranchingTopology, step_score
+from .independent import IndependentTopology
+
+TOPOLOGIES: dict[str, type[Topology]] = {
+    cls.name: cls for cls in (IndependentTopology, AdaptiveTopology, BranchingTopology)
+}
+
+
+def get_topology(name: str, **options: Any) -> Topology:
+    """A new topology registered as `name`, built with `options`; a ValueError naming the known ones otherwise."""
+    try:
+        cls = TOPOLOGIES[name]
+    except (KeyError, TypeError):
+        hint = did_you_mean(name, list(TOPOLOGIES))
+        raise ValueError(f"Unknown topology {name!r}.{hint} Known: {', '.join(sorted(TOPOLOGIES))}.") from None
+    return cls(**options)
+
+
+__all__ = [
+    "BRANCH_SCORES",
+    "TOPOLOGIES",
+    "AdaptiveTopology",
+    "BranchingTopology",
+    "Fork",
+    "IndependentTopology",
+    "Launch",
+    "Request",
+    "RolloutView",
+    "Topology",
+    "get_topology",
+    "step_score",
+]

@@ -1,0 +1,149 @@
+"""The topology protocol: what a topology asks the rollout engine for, and what it sees of the rollout.
+
+A topology never steps an environment or calls the generator itself. It answers the engine at three moments with
+*requests*, and the engine carries them out (acquiring environments, one pool phase for all resets / restores, one
+generation call per turn for every active episode of every task and branch):
+
+* `begin(tasks, num_generations)` -> the first requests (usually `Launch`es);
+* `after_turn(view)` -> requests to serve right away, after every turn (e.g. fork from a state just visited);
+* `when_idle(view)` -> requests once no episode of this process is active (another round of episodes, forks from
+  finished backbones); an empty list ends the topology's part of the rollout.
+
+Requests:
+
+* `Launch(task_index, count)`: `count` new episodes of a task from its initial state (`reset`).
+* `Fork(task_index, episode_id, step, count, action_prefix=())`: `count` new episodes from the state right before
+  step `step` of an episode (its snapshot is restored in a fresh environment); the new episode shares the parent's
+  first `step` steps (the same `Step` objects: generated and recorded once) and samples its own action at `step`.
+  `action_prefix` (token ids) makes that action continue from a token prefix instead of starting afresh.
+
+`RolloutView` is the read-only picture a topology decides from: one `Group` per task with every trajectory so far
+(finished or not, in creation order), which episodes are still active, the turns played, and
+`compute_signal(name, trajectories)` to run a model signal (e.g. per-token entropies) on recorded steps mid-rollout.
+`stats()` (rollout-level numbers such as episodes per task) end up in `RolloutBatch.stats` and the trainer's logs.
+
+Example (a topology that gives every task one more episode once the first ones are done):
+    >>> from trl_agents.rollout.topologies import Launch, Topology
+    >>> class OneMore(Topology):
+    ...     name = "one-more"
+    ...     def begin(self, tasks, num_generations):
+    ...         self.added = False
+    ...         return [Launch(index, num_generations) for index in range(len(tasks))]
+    ...     def when_idle(self, view):
+    ...         if self.added:
+    ...             return []
+    ...         self.added = True
+    ...         return [Launch(index, 1) for index in range(len(view.groups))]
+    >>> OneMore().begin([{"env": "frozenlake", "seed": 0}], 2)
+    [Launch(task_index=0, count=2)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ...trajectory import Group, Trajectory
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start `count` new episodes of task `task_index` (an index into the rollout's tasks) from its initial state."""
+
+    task_index: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Start `count` new episodes from the state before step `step` of episode `episode_id` of task `task_index`.
+
+    The parent's environment snapshot taken before that step is restored in a fresh environment; each new episode
+    shares the parent's steps `[:step]` and samples its own action at `step` (from `action_prefix`, token ids, when
+    given: token-level branching).
+    """
+
+    task_index: int
+    episode_id: int
+    step: int
+    count: int
+    action_prefix: tuple[int, ...] = ()
+
+
+Request = Launch | Fork
+
+
+class RolloutView:
+    """What a topology sees of a rollout in progress (built by the engine; read it, do not change it).
+
+    Attributes:
+        tasks: The task rows of the rollout, in order.
+        groups: One `Group` per task with every trajectory so far, in creation order (`episode_id` order).
+        turn: Turns played so far.
+        max_turns: The engine's turn budget per episode.
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        groups: list[Group],
+        is_active: Callable[[Trajectory], bool],
+        signal_fn: Callable[[str, list[Trajectory]], None] | None,
+        max_turns: int,
+    ):
+        self.tasks = list(tasks)
+        self.groups = groups
+        self.turn = 0
+        self.max_turns = max_turns
+        self._is_active = is_active
+        self._signal_fn = signal_fn
+
+    def is_active(self, trajectory: Trajectory) -> bool:
+        """Whether the episode is still being played."""
+        return self._is_active(trajectory)
+
+    def active(self, task_index: int) -> list[Trajectory]:
+        return [t for t in self.groups[task_index].trajectories if self.is_active(t)]
+
+    def finished(self, task_index: int) -> list[Trajectory]:
+        return [t for t in self.groups[task_index].trajectories if not self.is_active(t)]
+
+    def compute_signal(self, name: str, trajectories: list[Trajectory]) -> None:
+        """Run the model signal `name` on the steps of `trajectories` (values land in `step.signals[name]`)."""
+        if self._signal_fn is None:
+            raise ValueError(
+                f"This topology needs the model signal {name!r} during the rollout, but the engine was built "
+                "without a signal function (`RolloutEngine(signal_fn=...)`; trainers pass theirs)."
+            )
+        self._signal_fn(name, trajectories)
+
+
+class Topology:
+    """Base class of the rollout topologies (see the module docstring). Subclasses set `name` and override
+    `begin`, and `after_turn` / `when_idle` where they add episodes.
+
+    Class attributes:
+        name: Registry name (`AgentGRPOConfig.topology`).
+        needs_snapshots: The engine records an environment snapshot before every action (forks restore them).
+        required_capabilities: Environment capabilities the topology needs (checked at start-up).
+        model_signals: Model signals the topology computes mid-rollout through `RolloutView.compute_signal`.
+    """
+
+    name: ClassVar[str] = ""
+    needs_snapshots: ClassVar[bool] = False
+    required_capabilities: ClassVar[tuple[str, ...]] = ()
+    model_signals: tuple[str, ...] = ()
+
+    def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
+        raise NotImplementedError
+
+    def after_turn(self, view: RolloutView) -> list[Request]:
+        return []
+
+    def when_idle(self, view: RolloutView) -> list[Request]:
+        return []
+
+    def stats(self, view: RolloutView) -> dict[str, float]:
+        """Rollout-level numbers to log under `topology/` (e.g. episodes per task); {} by default."""
+        return {}

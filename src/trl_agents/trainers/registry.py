@@ -1,0 +1,154 @@
+"""The method registry, read from the trainer classes themselves.
+
+A trainer class declares the methods it trains in a `methods` class attribute (a tuple of `MethodInfo`: name,
+paper, the module holding its math, the hook it changes, what its credit or loss reads, the config values that
+define it, its test files). Everything else a method needs is read from the class: its config class
+(`_config_class`), the signals it declares (`signals`), the environment capabilities it needs (its own, its signals'
+and its topology's), its topology (the config's `topology` default). `discover_methods()` imports every module of
+`trl_agents.trainers` and collects the declarations, so a new method is its math file (credit/ or distill/), its
+trainer file, its config(s), its test file and its docs page (`docs/methods/<name>.md`) — nothing else to edit;
+`tests/test_method_registry.py` checks that every registered method has all five.
+
+Example:
+    >>> from trl_agents.trainers import METHODS
+    >>> METHODS["gigpo"].trainer_class.__name__, METHODS["gigpo"].paper
+    ('GiGPOTrainer', 'arXiv 2505.10978')
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..names import did_you_mean
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What a trainer class declares about a method it trains.
+
+    Args:
+        name: Registry name (`method:` in a config YAML, `trl-agents methods`).
+        paper: Where the method comes from (an arXiv id).
+        math: The module holding the method's math (`trl_agents.credit.<m>` or `trl_agents.distill.<m>`).
+        title: Display name (e.g. "Gated-BEPO"); defaults to the name.
+        hook: What the trainer changes: `compute_advantages`, `compute_auxiliary_loss`, `topology`, or several
+            joined by " + ".
+        inputs: What its credit or loss reads beyond rewards (e.g. "state keys", "teacher log-probs").
+        defaults: Config values that define the method on top of its config class (e.g. Dr. GRPO's loss type).
+        tests: Test files of the method, relative to the repository root.
+    """
+
+    name: str
+    paper: str
+    math: str
+    title: str = ""
+    hook: str = "compute_advantages"
+    inputs: tuple[str, ...] = ("episode returns",)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    tests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its declaration (`info`) and the trainer class that declared it."""
+
+    info: MethodInfo
+    trainer_class: type
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def title(self) -> str:
+        return self.info.title or self.info.name
+
+    @property
+    def paper(self) -> str:
+        return self.info.paper
+
+    @property
+    def hook(self) -> str:
+        return self.info.hook
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.info.inputs
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return dict(self.info.defaults)
+
+    @property
+    def config_class(self) -> type:
+        return self.trainer_class._config_class
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """The signals the trainer declares (with the environment signals they need)."""
+        return self.trainer_class.declared_signals(self.config_defaults())
+
+    @property
+    def topology(self) -> str:
+        return str(self.config_defaults().get("topology", "independent"))
+
+    @property
+    def env_capabilities(self) -> tuple[str, ...]:
+        """Environment capabilities checked at start-up: the trainer's own, its signals' and its topology's."""
+        return self.trainer_class.required_capabilities(self.config_defaults())
+
+    @property
+    def docs(self) -> str:
+        return f"docs/methods/{self.name}.md"
+
+    def config_defaults(self) -> dict[str, Any]:
+        """The config class's field defaults with the method's own `defaults` on top."""
+        values = {f.name: f.default for f in fields(self.config_class) if f.default is not dataclass_missing()}
+        values.update(self.info.defaults)
+        return values
+
+
+def dataclass_missing():
+    import dataclasses
+
+    return dataclasses.MISSING
+
+
+def discover_methods() -> dict[str, Method]:
+    """Import every module of `trl_agents.trainers` and collect the `methods` each trainer class declares, in a
+    stable order (AgentGRPOTrainer's first, then by module name)."""
+    from . import agent_grpo
+
+    package = importlib.import_module(__package__)
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        importlib.import_module(f"{__package__}.{module}")
+    classes, pending = [], [agent_grpo.AgentGRPOTrainer]
+    while pending:
+        cls = pending.pop(0)
+        if cls not in classes:
+            classes.append(cls)
+            pending.extend(cls.__subclasses__())
+    ours = [c for c in classes if c.__module__.startswith(f"{__package__}.") and "methods" in vars(c)]
+    ours.sort(key=lambda c: (c is not agent_grpo.AgentGRPOTrainer, c.__module__, c.__name__))
+    methods: dict[str, Method] = {}
+    for cls in ours:
+        for info in vars(cls)["methods"]:
+            if info.name in methods:
+                raise ValueError(
+                    f"method {info.name!r} is declared by both {methods[info.name].trainer_class.__name__} and "
+                    f"{cls.__name__}"
+                )
+            methods[info.name] = Method(info, cls)
+    return methods
+
+
+def lookup(methods: dict[str, Method], name: str) -> Method:
+    """The method registered as `name`, or a ValueError listing the known methods."""
+    try:
+        return methods[name]
+    except (KeyError, TypeError):
+        hint = did_you_mean(name, list(methods))
+        raise ValueError(f"Unknown method {name!r}.{hint} Known methods: {', '.join(sorted(methods))}.") from None
