@@ -172,3 +172,16 @@ def test_bpo_needs_snapshots_and_refuses_other_topologies(tiny_model, tokenizer,
     with pytest.raises(ValueError, match="bpo_branch_score must be one of"):
         bpo_config(tmp_path, bpo_branch_score="surprise")
     assert METHODS["bpo"].signals == ("entropy",) and METHODS["bpo"].env_capabilities == ("snapshot",)
+
+
+def test_evaluation_rollouts_run_the_independent_topology(tiny_model, tokenizer, scripted, tmp_path):
+    # Training groups of a task that never mixes grow to the cap; evaluation plays G episodes per task, so that its
+    # metrics stay per-episode rates.
+    config = canopy_config(tmp_path, num_generations_eval=2, per_device_eval_batch_size=2)
+    tasks = [{"env": "test-one-shot", "seed": s} for s in (0, 1)]
+    trainer = CANOPYTrainer(model=tiny_model, args=config, processing_class=tokenizer, train_dataset=tasks,
+                            eval_dataset=tasks[:1], generator=scripted(lambda *a: "b"))
+    trainer.train()
+    assert [len(g.trajectories) for g in trainer.last_rollout.groups] == [6, 6]
+    trainer.evaluate()
+    assert [len(g.trajectories) for g in trainer.last_rollout.groups] == [2]

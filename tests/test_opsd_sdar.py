@@ -262,3 +262,17 @@ def test_config_errors_are_one_line(tmp_path):
         tiny_training_config(OPSDConfig, tmp_path, opsd_coef=0.0)
     with pytest.raises(ValueError, match="sdar_gate_beta"):
         tiny_training_config(SDARConfig, tmp_path, sdar_gate_beta=-1.0)
+
+
+def test_settings_that_would_fail_later_fail_at_start_up(tiny_model, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="privileged_template must format with only"):
+        tiny_training_config(SDARConfig, tmp_path, privileged_template="{context} {prompt} {task}")
+    with pytest.raises(ValueError, match="beta=0.04 is the KL term of TRL's policy loss"):
+        tiny_training_config(OPSDConfig, tmp_path, beta=0.04)
+    config = tiny_training_config(SDARConfig, tmp_path, privileged_source="task:answer")
+    with pytest.raises(ValueError, match="reads the task field 'answer'"):
+        SDARTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
+                    processing_class=tokenizer)
+    config = tiny_training_config(SDARConfig, tmp_path, teacher="frozen", sync_ref_model=True, beta=0.04)
+    with pytest.raises(ValueError, match="sync_ref_model=True moves TRL's reference model"):
+        SDARTrainer(model=tiny_model, args=config, train_dataset=TASKS, processing_class=tokenizer)

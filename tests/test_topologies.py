@@ -345,3 +345,38 @@ def test_a_topology_missing_its_options_is_a_one_line_config_error(tiny_model, t
     with pytest.raises(ValueError, match="lacks snapshot"):  # the topology's capability, checked at start-up
         AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-keyword", "seed": 0}],
                          processing_class=tokenizer)
+    # GRPO's credit treats every path as its own episode: on a tree it would count shared steps once per path.
+    with pytest.raises(ValueError, match="not written for trees.*BPOTrainer"):
+        AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "seed": 0}],
+                         processing_class=tokenizer)
+    config = tiny_training_config(AgentGRPOConfig, tmp_path, topology="branching",
+                                  topology_kwargs={"branch_factor": "4"})
+    with pytest.raises(ValueError, match="cannot be built from topology_kwargs.*branch_factor must be an integer"):
+        AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "seed": 0}],
+                         processing_class=tokenizer)
+
+
+def test_a_failed_parents_shared_steps_are_trained_by_its_child(tokenizer, scripted):
+    # A parent that fails after its child forked (e.g. from an after_turn fork) leaves the healthy groups; the child
+    # then trains the shared steps it still needs, with its own values.
+    engine, _ = branching_engine(tokenizer, scripted, lambda prompt, call, row, size: "down", scores=[0, 1, 0, 0],
+                                 branch_factor=2)
+    group = engine.run([{"env": "frozenlake", "seed": 3}], num_generations=1).groups[0]
+    parent, child = group.trajectories
+    parent.error = "worker died"
+    healthy = group.healthy()
+    rows = build_rows([healthy], [[[0.5] * child.num_steps]], "step")
+    assert len(rows) == child.num_steps and rows.prompt_ids[0] == parent.steps[0].prompt_ids
+    assert all(values == [0.5] * len(values) for values in rows.advantages)
+
+
+def test_random_branch_points_change_from_one_rollout_to_the_next():
+    topology = BranchingTopology(branch_points=1, branch_factor=2, score="random", seed=0)
+    backbone = RolloutBatch.from_rows(json.load(open(GOLDEN))["frozenlake_step"]["to_rows"]).groups[0].trajectories[0]
+    for step in backbone.steps:
+        step.snapshot = "s"
+    chosen = []
+    for _ in range(6):  # the trainer reuses one topology: begin() starts a rollout, the generator carries on
+        topology.begin([{}], 1)
+        chosen.append(topology.branch_steps(backbone)[0])
+    assert len(set(chosen)) > 1

@@ -304,8 +304,10 @@ def test_which_modes_are_collective(tokenizer):
 
 def test_a_process_whose_episodes_ended_keeps_calling_while_another_plays(tokenizer):
     # This process: 2 one-turn episodes. The other process plays 3 turns with 2 prompts each. The engine must make
-    # the same 3 collective calls here, the last 2 with dummy prompts only, then stop when nobody is active.
-    accelerator = FakeAccelerator(other_values=[1, 2, 1, 2, 1, 2, 0])  # (any_active, prompt count) per turn
+    # the same 3 collective calls here, the last 2 with dummy prompts only, then stop when nobody is active: once
+    # every process is idle, all topologies are asked for more episodes together, and one more any_active says none
+    # has any (the last 0).
+    accelerator = FakeAccelerator(other_values=[1, 2, 1, 2, 1, 2, 0, 0])  # (any_active, prompt count) per turn
     engine = FakeEngine(accelerator, tokenizer)
     generator = VLLMGenerator(engine, eos_token_ids=[tokenizer.eos_token_id], dummy_prompt=[9])
     rollout = RolloutEngine(generator, PromptRenderer(tokenizer), max_turns=5, sampling=SamplingParams(4))

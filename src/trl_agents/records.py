@@ -316,8 +316,8 @@ class TrajectoryWriter:
         Args:
             batch: The rollout, every episode included (failed ones too).
             advantages: (group index, episode id) -> one advantage per step the episode owns (all its steps,
-                unless it forked from a parent), for the episodes that were trained on; the steps of the others get
-                null.
+                unless it forked from a parent), None for a step that was not trained; episodes missing from it get
+                null on every step.
             global_step: Optimizer steps completed when the rollout was generated.
         """
         rollout = self.next_rollout
@@ -342,7 +342,7 @@ class TrajectoryWriter:
         for group_index, group in enumerate(batch.groups):
             group_id = f"{rollout}-{self.rank}-{group_index}"
             for trajectory in group.trajectories:
-                values = None if trajectory.failed else advantages.get((group_index, trajectory.episode_id))
+                values = advantages.get((group_index, trajectory.episode_id))
                 for index, step in enumerate(trajectory.owned_steps or [None]):  # to_rows' order, one row per step
                     extra["group_id"].append(group_id)
                     extra["episode_uid"].append(f"{group_id}-{trajectory.episode_id}")
@@ -351,7 +351,8 @@ class TrajectoryWriter:
                     role = step.info.get(INFO_ROLE) if step is not None and isinstance(step.info, dict) else None
                     extra["role"].append(role if isinstance(role, str) and role else DEFAULT_ROLE)
                     extra["action"].append("" if step is None else canonical_action(step))
-                    extra["advantage"].append(float(values[index]) if values and step is not None else None)
+                    value = values[index] if values and step is not None else None
+                    extra["advantage"].append(None if value is None else float(value))
         common = {
             "run_id": self.run_info.get("run_id"),
             "config_hash": self.run_info.get("config_hash"),

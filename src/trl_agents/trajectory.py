@@ -165,6 +165,30 @@ class Group:
         return len(self.trajectories)
 
 
+def first_occurrences(groups: Iterable[Group]) -> list[tuple[Trajectory, list[int]]]:
+    """For every trajectory of `groups`, in order, the indices of the steps no earlier trajectory holds (the same
+    `Step` object): each step of a tree exactly once, with the first path that contains it. Without trees (or when
+    every parent is present) these are the trajectory's own steps (`owned_steps`); when a parent was left out (an
+    infrastructure failure), its child takes over the shared steps it still needs.
+
+    >>> shared, a, b = Step("o", "x"), Step("o1", "y"), Step("o1", "z")
+    >>> root = Trajectory(task={}, steps=[shared, a], episode_id=0)
+    >>> fork = Trajectory(task={}, steps=[shared, b], episode_id=1, parent_id=0, fork_step=1)
+    >>> [indices for _, indices in first_occurrences([Group(task={}, trajectories=[root, fork])])]
+    [[0, 1], [1]]
+    >>> [indices for _, indices in first_occurrences([Group(task={}, trajectories=[fork])])]  # root left out
+    [[0, 1]]
+    """
+    seen: set[int] = set()
+    out = []
+    for group in groups:
+        for trajectory in group.trajectories:
+            indices = [i for i, step in enumerate(trajectory.steps) if id(step) not in seen]
+            seen.update(id(trajectory.steps[i]) for i in indices)
+            out.append((trajectory, indices))
+    return out
+
+
 def task_id(task: dict[str, Any]) -> str:
     """A stable id for a task row: its `task_id` field if present, else a canonical JSON of the row."""
     if "task_id" in task:
@@ -338,11 +362,18 @@ def signals_json(signals: dict[str, Any]) -> str:
     kept = {}
     for name, value in signals.items():
         try:
-            json.dumps(value, allow_nan=True)
+            json.dumps(value, default=_python_scalar)
         except (TypeError, ValueError):
             continue
         kept[name] = value
-    return json.dumps(kept, sort_keys=True)
+    return json.dumps(kept, sort_keys=True, default=_python_scalar)
+
+
+def _python_scalar(value: Any) -> Any:
+    """numpy / torch scalars as Python numbers (JSON cannot hold them); anything else is refused."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-able")
 
 
 def _empty_step_columns() -> dict[str, Any]:

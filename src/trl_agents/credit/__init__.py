@@ -43,9 +43,9 @@ from .sspo import StateScoreTable, sspo_advantages, sspo_advantages_with_stats
 from .vict import trace_proof_edges, vict_advantages, vict_advantages_with_stats
 
 __all__ = [
+    "CREDIT_ESTIMATORS",
     "AnchorEvidence",
     "BellmanCredit",
-    "CREDIT_ESTIMATORS",
     "SiblingSet",
     "StateScoreTable",
     "StepAdvantages",
@@ -58,13 +58,13 @@ __all__ = [
     "bipace_advantages_with_stats",
     "bpo_advantages",
     "bpo_advantages_with_stats",
+    "canonical_action",
     "canopy_advantages",
     "canopy_advantages_with_stats",
     "carries_signal",
-    "coverage_stats",
-    "canonical_action",
     "cast_advantages",
     "cast_advantages_with_stats",
+    "coverage_stats",
     "discounted_returns",
     "ecpo_advantages",
     "ecpo_advantages_with_stats",

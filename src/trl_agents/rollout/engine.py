@@ -198,11 +198,14 @@ class RolloutEngine:
             self._report(0, episodes)
             while True:
                 active = [episode for episode in episodes if not episode.finished]
-                if not active:
+                if not self._any_active(active):
+                    # Nothing left to play (on any process, with a collective generator: so every process asks its
+                    # topology at the same moment, and a model signal it runs does not interleave with another
+                    # process's generation call).
                     self._serve(self.topology.when_idle(view), groups, episodes, by_trajectory, plan)
                     active = [episode for episode in episodes if not episode.finished]
-                if not self._any_active(active):
-                    break
+                    if not self._any_active(active):
+                        break
                 self._turn(active, plan, stats)
                 view.turn += 1
                 self._serve(self.topology.after_turn(view), groups, episodes, by_trajectory, plan)
@@ -236,7 +239,8 @@ class RolloutEngine:
     def _any_active(self, active: list[_Episode]) -> bool:
         """Whether to play another turn. A collective generator (vLLM server mode under several processes) needs
         every process to call it the same number of times per turn, so the loop goes on, with empty prompt lists on
-        the processes whose episodes have all finished, until no process has an active episode."""
+        the processes whose episodes have all finished, until no process has an active episode; only then do the
+        topologies of all processes get asked for more (`when_idle`), together."""
         if self._collective:
             return bool(self.generator.any_active(bool(active)))
         return bool(active)

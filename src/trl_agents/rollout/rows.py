@@ -7,8 +7,9 @@
   actions are trained on; each action's tokens carry their own step's advantage.
 
 Trees (branching topologies): a forked trajectory shares its parent's first `fork_step` steps (the same `Step`
-objects). Every step is trained once, in the row of the trajectory that owns it (a forked episode's conversation row
-starts at its fork: prompt = the conversation up to there), with the SUM of the advantages that the trajectories
+objects). Every step is trained once, in the row of the first trajectory that holds it (`first_occurrences`: its
+owner, or a child when the owner failed; a forked episode's conversation row starts at its fork: prompt = the
+conversation up to there), with the SUM of the advantages that the trajectories
 containing it give it (`step_values`) — what training every root-to-leaf path as its own sequence gives at
 importance ratio 1, without generating or forwarding the shared prefix more than once. (Our choice, documented in
 docs/topologies.md: TRL's "dapo" normaliser then counts the shared tokens once, not once per path.)
@@ -34,7 +35,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..trajectory import Group
+from ..trajectory import Group, first_occurrences
 
 
 @dataclass
@@ -136,48 +137,47 @@ def build_rows(
     prompt_names = [name for name, layout in training_signals.items() if layout == "prompt"]
     values_of = step_values(groups, advantages)
     rows = TrainingRows(token_signals={n: [] for n in token_names}, prompt_signals={n: [] for n in prompt_names})
-    for group in groups:
-        for trajectory in group.trajectories:
-            steps = [s for s in trajectory.owned_steps if s.action_ids]
-            if not steps:
-                continue
-            if row_format == "step":
-                for step in steps:
-                    rows.prompt_ids.append(list(step.prompt_ids))
-                    rows.completion_ids.append(list(step.action_ids))
-                    rows.env_mask.append([1] * len(step.action_ids))
-                    rows.advantages.append(_token_advantages(values_of[id(step)], len(step.action_ids)))
-                    rows.sampling_logprobs.append(list(step.action_logprobs))
-                    for name in token_names:
-                        rows.token_signals[name].append(_token_signal(step, name))
-                    for name in prompt_names:
-                        rows.prompt_signals[name].append(_prompt_signal(step, name))
-                continue
-            completion, mask, token_advantages, logprobs = [], [], [], []
-            signals = {name: [] for name in token_names}
-            for index, step in enumerate(steps):
-                completion += step.action_ids
-                mask += [1] * len(step.action_ids)
-                token_advantages += _token_advantages(values_of[id(step)], len(step.action_ids))
-                logprobs += list(step.action_logprobs)
+    for trajectory, indices in first_occurrences(groups):
+        steps = [trajectory.steps[i] for i in indices if trajectory.steps[i].action_ids]
+        if not steps:
+            continue
+        if row_format == "step":
+            for step in steps:
+                rows.prompt_ids.append(list(step.prompt_ids))
+                rows.completion_ids.append(list(step.action_ids))
+                rows.env_mask.append([1] * len(step.action_ids))
+                rows.advantages.append(_token_advantages(values_of[id(step)], len(step.action_ids)))
+                rows.sampling_logprobs.append(list(step.action_logprobs))
                 for name in token_names:
-                    signals[name] += _token_signal(step, name)
-                if index < len(steps) - 1:  # the environment's reply: context, not trained on
-                    completion += step.env_ids
-                    mask += [0] * len(step.env_ids)
-                    token_advantages += [0.0] * len(step.env_ids)
-                    logprobs += [0.0] * len(step.env_ids)
-                    for name in token_names:
-                        signals[name] += [math.nan] * len(step.env_ids)
-            rows.prompt_ids.append(list(steps[0].prompt_ids))
-            rows.completion_ids.append(completion)
-            rows.env_mask.append(mask)
-            rows.advantages.append(token_advantages)
-            rows.sampling_logprobs.append(logprobs)
+                    rows.token_signals[name].append(_token_signal(step, name))
+                for name in prompt_names:
+                    rows.prompt_signals[name].append(_prompt_signal(step, name))
+            continue
+        completion, mask, token_advantages, logprobs = [], [], [], []
+        signals = {name: [] for name in token_names}
+        for index, step in enumerate(steps):
+            completion += step.action_ids
+            mask += [1] * len(step.action_ids)
+            token_advantages += _token_advantages(values_of[id(step)], len(step.action_ids))
+            logprobs += list(step.action_logprobs)
             for name in token_names:
-                rows.token_signals[name].append(signals[name])
-            for name in prompt_names:
-                rows.prompt_signals[name].append(_prompt_signal(steps[0], name))
+                signals[name] += _token_signal(step, name)
+            if index < len(steps) - 1:  # the environment's reply: context, not trained on
+                completion += step.env_ids
+                mask += [0] * len(step.env_ids)
+                token_advantages += [0.0] * len(step.env_ids)
+                logprobs += [0.0] * len(step.env_ids)
+                for name in token_names:
+                    signals[name] += [math.nan] * len(step.env_ids)
+        rows.prompt_ids.append(list(steps[0].prompt_ids))
+        rows.completion_ids.append(completion)
+        rows.env_mask.append(mask)
+        rows.advantages.append(token_advantages)
+        rows.sampling_logprobs.append(logprobs)
+        for name in token_names:
+            rows.token_signals[name].append(signals[name])
+        for name in prompt_names:
+            rows.prompt_signals[name].append(_prompt_signal(steps[0], name))
     return rows
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..trajectory import Group, Step, Trajectory
+from ..trajectory import Group, Step, Trajectory, first_occurrences
 from .base import ModelSignal, register_signal
 from .teachers import Teacher
 from .views import DEFAULT_TEMPLATE, PrivilegedSource, PrivilegedView
@@ -63,7 +63,6 @@ class ModelSignalContext:
     max_rows_per_forward: int = 8
     max_tokens_per_forward: int | None = None
     teacher: Teacher | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # per signal, of the last compute
 
 
 # ---- scoring units and the batched forward ----------------------------------------------------------------------
@@ -84,31 +83,30 @@ def scoring_units(
     row_format: str,
     prefix_fn: Callable[[Trajectory, int], list[int]] | None = None,
 ) -> list[ScoringUnit]:
-    """The units of the trajectories' own steps (`owned_steps`: a tree's shared prefix is its owner's), in order.
+    """The units of the steps the training rows hold (each step of a tree once, with the first path that holds it:
+    `trajectory.first_occurrences`), in row order.
 
     `prefix_fn(trajectory, step_index)` replaces the recorded prompt (a privileged view); step rows call it for every
-    step, conversation rows for the first own step of each episode."""
+    step, conversation rows for the first step of each episode's row."""
     units = []
-    for group in groups:
-        for trajectory in group.trajectories:
-            first = trajectory.fork_step
-            steps = [(index, step) for index, step in enumerate(trajectory.steps) if index >= first and step.action_ids]
-            if not steps:
-                continue
-            if row_format == "step":
-                for index, step in steps:
-                    prefix = prefix_fn(trajectory, index) if prefix_fn else list(step.prompt_ids)
-                    units.append(ScoringUnit(prefix, list(step.action_ids), [(0, len(step.action_ids), step)]))
-                continue
-            index0, step0 = steps[0]
-            prefix = prefix_fn(trajectory, index0) if prefix_fn else list(step0.prompt_ids)
-            continuation, spans = [], []
-            for position, (_, step) in enumerate(steps):
-                spans.append((len(continuation), len(continuation) + len(step.action_ids), step))
-                continuation += step.action_ids
-                if position < len(steps) - 1:
-                    continuation += step.env_ids
-            units.append(ScoringUnit(prefix, continuation, spans))
+    for trajectory, indices in first_occurrences(groups):
+        steps = [(index, trajectory.steps[index]) for index in indices if trajectory.steps[index].action_ids]
+        if not steps:
+            continue
+        if row_format == "step":
+            for index, step in steps:
+                prefix = prefix_fn(trajectory, index) if prefix_fn else list(step.prompt_ids)
+                units.append(ScoringUnit(prefix, list(step.action_ids), [(0, len(step.action_ids), step)]))
+            continue
+        index0, step0 = steps[0]
+        prefix = prefix_fn(trajectory, index0) if prefix_fn else list(step0.prompt_ids)
+        continuation, spans = [], []
+        for position, (_, step) in enumerate(steps):
+            spans.append((len(continuation), len(continuation) + len(step.action_ids), step))
+            continuation += step.action_ids
+            if position < len(steps) - 1:
+                continuation += step.env_ids
+        units.append(ScoringUnit(prefix, continuation, spans))
     return units
 
 
@@ -173,7 +171,8 @@ def score_units(
             logps = torch.log_softmax(logits, dim=-1)
             targets = input_ids[:, width_p:].to(device)
             token_logps = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            token_entropy = -(logps.exp() * logps).sum(-1) if entropy else None
+            # H = −Σ p·log p, with 0·log 0 = 0 (a −inf logit, e.g. a masked vocabulary entry, is a zero-probability token)
+            token_entropy = torch.special.entr(logps.exp()).sum(-1) if entropy else None
             for row, index in enumerate(chunk):
                 n = len(units[index].continuation)
                 results[index] = (
@@ -219,12 +218,12 @@ class TeacherPrompt(ModelSignal):
 
     def compute(self, groups: Sequence[Group], context: ModelSignalContext) -> None:
         view = self.view(context, groups)
-        for group in groups:
-            for trajectory in group.trajectories:
-                for index in range(trajectory.fork_step, len(trajectory.steps)):
-                    if context.row_format == "conversation" and index != trajectory.fork_step:
-                        continue
-                    trajectory.steps[index].signals[self.name] = view.prompt_ids(trajectory, index)
+        for trajectory, indices in first_occurrences(groups):  # the steps whose rows carry a prompt
+            indices = [i for i in indices if trajectory.steps[i].action_ids]
+            if context.row_format == "conversation":
+                indices = indices[:1]  # the row's first step: its prompt starts the conversation row
+            for index in indices:
+                trajectory.steps[index].signals[self.name] = view.prompt_ids(trajectory, index)
 
 
 class TeacherLogprobs(TeacherPrompt):
@@ -394,7 +393,7 @@ class HiddenStates(ModelSignal):
     def compute(self, groups: Sequence[Group], context: ModelSignalContext) -> None:
         start = time.perf_counter()
         recorded = self.recorder.take()
-        steps = [step for group in groups for t in group.trajectories for step in t.owned_steps]
+        steps = [t.steps[i] for t, indices in first_occurrences(groups) for i in indices]
         keys = []
         for step in steps:
             if not step.prompt_ids:

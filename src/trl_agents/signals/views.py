@@ -59,18 +59,11 @@ class PrivilegedView:
         row_format: str = "step",
     ):
         check_source(source)
-        if "{context}" not in template or "{prompt}" not in template:
-            raise ValueError(
-                f"privileged_template must contain '{{context}}' and '{{prompt}}', got {template!r}"
-            )
+        check_template(template)
         self.renderer = renderer
         self.source = source
         self.template = template
         self.row_format = row_format
-
-    def requires(self) -> tuple[str, ...]:
-        """The environment signals this view reads."""
-        return ("privileged_context",) if self.source == "env" else ()
 
     def context(self, trajectory: Trajectory, index: int) -> str:
         """The privileged text for step `index` of `trajectory`."""
@@ -119,6 +112,20 @@ class PrivilegedView:
                 "records have none."
             )
         return parts
+
+
+def check_template(template: str) -> None:
+    """Raise a one-line ValueError naming `privileged_template` unless it formats with exactly `{context}` and
+    `{prompt}` (other fields, or stray braces, would fail only after a whole rollout)."""
+    if "{context}" not in template or "{prompt}" not in template:
+        raise ValueError(f"privileged_template must contain '{{context}}' and '{{prompt}}', got {template!r}")
+    try:
+        template.format(context="", prompt="")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(
+            f"privileged_template must format with only {{context}} and {{prompt}} (double other braces: '{{{{'), "
+            f"got {template!r}: {type(err).__name__}: {err}"
+        ) from None
 
 
 def check_source(source: PrivilegedSource) -> None:

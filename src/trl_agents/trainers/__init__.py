@@ -24,6 +24,16 @@ def get_method(name: str) -> Method:
     return lookup(METHODS, name)
 
 
+def __getattr__(name: str):
+    """Every registered method's Config and Trainer class by name (e.g. `BPOTrainer`), imported or not above: a new
+    method needs no edit here."""
+    for method in METHODS.values():
+        for cls in (method.trainer_class, method.config_class):
+            if cls.__name__ == name:
+                return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "METHODS",
     "AgentGRPOConfig",

@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -66,7 +67,7 @@ from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
 from ..rollout.rows import TrainingRows, build_rows, prompt_signal_keys, split_rows, step_values, token_signal_key
-from ..rollout.topologies import TOPOLOGIES, Topology, get_topology
+from ..rollout.topologies import TOPOLOGIES, IndependentTopology, Topology, get_topology
 from ..rollout.vllm import VLLMGenerator
 from ..signals import (
     DEFAULT_TEMPLATE,
@@ -76,7 +77,7 @@ from ..signals import (
     required_capabilities,
     resolve_signals,
 )
-from ..signals.views import check_source
+from ..signals.views import check_source, check_template
 from ..trajectory import Group, RolloutBatch, Trajectory
 from .registry import MethodInfo
 
@@ -293,10 +294,7 @@ class AgentGRPOConfig(GRPOConfig):
         check_source(self.privileged_source)
         if not 0.0 <= self.teacher_ema_decay < 1.0:
             raise ValueError(f"teacher_ema_decay must be in [0, 1), got {self.teacher_ema_decay} (e.g. 0.999)")
-        if "{context}" not in self.privileged_template or "{prompt}" not in self.privileged_template:
-            raise ValueError(
-                f"privileged_template must contain '{{context}}' and '{{prompt}}', got {self.privileged_template!r}"
-            )
+        check_template(self.privileged_template)
         if self.max_tokens_per_forward is not None and self.max_tokens_per_forward < 1:
             raise ValueError(f"max_tokens_per_forward must be >= 1 or None, got {self.max_tokens_per_forward}")
         check_choice("row_format", self.row_format, ROW_FORMATS)
@@ -519,6 +517,30 @@ class AgentGRPOTrainer(GRPOTrainer):
     required_env_capabilities: tuple[str, ...] = ()
     signals: tuple[str, ...] = ()
     training_signals: tuple[str, ...] = ()
+    # Whether `compute_advantages` is written for trees of episodes (a branching topology): shared steps are then
+    # trained once with the sum of the paths' values, so an estimator that treats every path as independent would
+    # count a shared step's penalty or anchor statistic once per path. Tree-aware trainers (BPO) set it.
+    supports_trees: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Hooks of earlier versions that nothing calls any more: say so at class creation, not never.
+        if "prepare_signals" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__}.prepare_signals is no longer called: declare model signals (`signals`, "
+                "`training_signals`; trl_agents.signals) and read them in compute_auxiliary_loss (docs/signals.md)."
+            )
+        if "record_signals" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__}.record_signals is gone: declare environment signals by name in `signals` (e.g. "
+                "('solver_value',), ('verifier_atoms',); docs/signals.md)."
+            )
+        hook = vars(cls).get("compute_auxiliary_loss")
+        if hook is not None and len(inspect.signature(hook).parameters) != 4:
+            raise TypeError(
+                f"{cls.__name__}.compute_auxiliary_loss must take (self, model, inputs, per_token_logps): the policy's "
+                "log-probs of TRL's loss are passed to it (None when the policy loss is skipped)."
+            )
 
     def __init__(
         self,
@@ -546,6 +568,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         eval_dataset = _as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
         for dataset in (train_dataset, eval_dataset):
             self._check_env_capabilities(dataset, args)
+            self._check_privileged_field(dataset, args)
         _check_generator(generator, args)
         super().__init__(
             model=model,
@@ -601,12 +624,30 @@ class AgentGRPOTrainer(GRPOTrainer):
         if unknown:
             raise ValueError(f"{type(self).__name__}.training_signals names undeclared model signals: {unknown}")
         self._training_layouts = {name: layouts[name] for name in training}
+        self.rollout_topology = self.build_topology()
+        if self.rollout_topology.needs_snapshots and not self.supports_trees:
+            raise ValueError(
+                f"topology={args.topology!r} forks episodes that share their first steps, but "
+                f"{type(self).__name__}'s credit is not written for trees (every path would count a shared step "
+                "again): use a tree-aware method such as BPOTrainer (method 'bpo'), or topology='independent'."
+            )
+        if args.row_format == "conversation" and self.rollout_topology.needs_snapshots and self.needs_teacher(args):
+            raise ValueError(
+                "A privileged view of conversation rows rewrites an episode's first prompt, but a forked episode's row "
+                "starts at its fork: use row_format='step' with tree topologies and teacher signals."
+            )
         self._capturing = False  # on only while a rollout generates: model signals may observe its forwards
         self._topology_signal_seconds: dict[str, float] = {}
         teacher = None
         if self.needs_teacher(args):
             from ..signals.teachers import build_teacher
 
+            if args.teacher == "frozen" and args.sync_ref_model:
+                raise ValueError(
+                    "teacher='frozen' scores with the step-0 policy, but sync_ref_model=True moves TRL's reference "
+                    "model (which the frozen teacher reuses) towards the policy: set sync_ref_model=False, or "
+                    "teacher='ema' for a teacher that follows the policy."
+                )
             teacher = build_teacher(
                 args.teacher, self.accelerator.unwrap_model(self.model), self._model_for_signals,
                 reference=self.ref_model, ema_decay=args.teacher_ema_decay,
@@ -674,7 +715,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         options = cls.topology_options(args)
         try:
             return get_topology(args.topology, **options)
-        except TypeError as err:  # a missing or unknown option
+        except (TypeError, ValueError) as err:  # a missing, unknown or bad option
             raise ValueError(
                 f"topology={args.topology!r} cannot be built from topology_kwargs={options!r}: {err}. See "
                 "docs/topologies.md for its options (e.g. {'max_group_size': 32} for 'adaptive')."
@@ -690,6 +731,21 @@ class AgentGRPOTrainer(GRPOTrainer):
             *required_capabilities([*env_signals, *model_signals]),
             *type(cls.make_topology(args)).required_capabilities,
         ]))
+
+    @classmethod
+    def _check_privileged_field(cls, dataset, args: AgentGRPOConfig) -> None:
+        """A teacher reading a task field (`privileged_source="task:<field>"`) needs that column in the dataset."""
+        source = args.privileged_source
+        if not (cls.needs_teacher(args) and isinstance(source, str) and source.startswith("task:")):
+            return
+        if dataset is None or isinstance(dataset, IterableDataset):
+            return
+        field_name = source.split(":", 1)[1]
+        if field_name not in dataset.column_names:
+            raise ValueError(
+                f"privileged_source={source!r} reads the task field {field_name!r}, but the dataset's columns are "
+                f"{', '.join(dataset.column_names)}: add the column or choose another privileged_source."
+            )
 
     @classmethod
     def _check_env_capabilities(cls, dataset, args: AgentGRPOConfig) -> None:
@@ -769,7 +825,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         return 1.0
 
     def build_topology(self) -> Topology:
-        """The topology of the next rollout (`make_topology(self.args)`; a new one per rollout)."""
+        """The training rollouts' topology (`make_topology(self.args)`), built once when the trainer starts and reused
+        by every training rollout (its `begin` starts each one afresh). Evaluation rollouts always run the
+        independent topology: G episodes per task, so that eval metrics are per-episode rates."""
         return self.make_topology(self.args)
 
     def save_extra_state(self, output_dir: str) -> None:
@@ -883,7 +941,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             env_pool=self.env_pool,
             system_prompt=self.args.system_prompt,
             signals=self.env_signals,
-            topology=self.build_topology(),
+            topology=self.rollout_topology if self.model.training else IndependentTopology(),
             signal_fn=self._signal_for_topology,
             on_turn=self.rollout_progress.update if self.rollout_progress else None,
         )
@@ -919,6 +977,10 @@ class AgentGRPOTrainer(GRPOTrainer):
             finally:
                 self._capturing = False
         self.last_rollout = batch
+        if self.rollout_topology.needs_snapshots:  # forks are done: environment copies would only hold memory
+            for trajectory in batch.trajectories:
+                for step in trajectory.owned_steps:
+                    step.snapshot = None
         healthy = [group.healthy() for group in batch.groups]
         self.compute_signals(healthy)
         advantages = self.compute_advantages(healthy)
@@ -931,7 +993,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         output = self._pad_rows(rows, device)
         self._add_old_and_ref_logps(output)
-        step_advantages = _step_advantages(healthy, advantages)
+        step_advantages = _step_advantages(batch, healthy, advantages)
         self._log_rollout(batch, healthy, step_advantages, rows, mode)
         if self.args.save_trajectories and mode == "train":
             self._save_trajectories(batch, step_advantages)
@@ -984,7 +1046,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         return output
 
     def _add_old_and_ref_logps(self, output: dict[str, Any]) -> None:
-        """Old and reference per-token log-probs, computed under the same conditions as in `GRPOTrainer`."""
+        """Old and reference per-token log-probs, computed under the same conditions as in `GRPOTrainer` (none when
+        `policy_loss_weight` is 0: only TRL's policy loss reads them)."""
+        if self.policy_loss_weight == 0.0:
+            return
         prompt_completion_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         logits_to_keep = output["completion_ids"].size(1)
@@ -1199,7 +1264,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         entries = []
         for group_index, group in enumerate(batch.groups):
             for trajectory in group.trajectories:
-                values = step_advantages.get((group_index, trajectory.episode_id)) or [0.0]
+                values = [v for v in step_advantages.get((group_index, trajectory.episode_id), []) if v is not None]
+                values = values or [0.0]
                 entries.append((episode_prompt(trajectory), episode_transcript(trajectory), trajectory.episode_return,
                                 sum(values) / len(values), trajectory.success, trajectory.num_steps))
         for prompt, completion, episode_return, advantage, success, turns in gather_object(entries):
@@ -1278,19 +1344,23 @@ def _shorten(text: str) -> str:
     return text if len(text) <= TRANSCRIPT_TEXT_CHARS else text[: TRANSCRIPT_TEXT_CHARS - 1] + "…"
 
 
-def _step_advantages(healthy: list[Group], advantages) -> dict[tuple[int, int], list[float]]:
-    """(group index, episode id) -> one scalar advantage per step the episode owns (the mean over tokens for
-    per-token credit; for a step a tree shares, the sum its trajectories give it, as it is trained), for the
-    healthy episodes that were credited (`healthy[g]` is `batch.groups[g].healthy()`)."""
+def _step_advantages(batch: RolloutBatch, healthy: list[Group], advantages) -> dict[tuple[int, int], list]:
+    """(group index, episode id) -> one scalar per step the episode owns (`owned_steps`): the advantage the step was
+    trained with (the mean over tokens for per-token credit; for a step a tree shares, the sum its paths give it), or
+    None for a step nobody trained (an infrastructure-failed episode's; a failed parent's shared steps still carry
+    the value its healthy children trained them with). `healthy[g]` is `batch.groups[g].healthy()`."""
     trained = step_values(healthy, advantages)
-    scalars = {}
-    for group_index, group in enumerate(healthy):
-        for trajectory in group.trajectories:
-            values = [trained[id(step)] for step in trajectory.owned_steps]
-            scalars[(group_index, trajectory.episode_id)] = [
-                float(v) if isinstance(v, (int, float)) else float(sum(v) / max(len(v), 1)) for v in values
-            ]
-    return scalars
+
+    def scalar(value):
+        if value is None:
+            return None
+        return float(value) if isinstance(value, (int, float)) else float(sum(value) / max(len(value), 1))
+
+    return {
+        (group_index, trajectory.episode_id): [scalar(trained.get(id(step))) for step in trajectory.owned_steps]
+        for group_index, group in enumerate(batch.groups)
+        for trajectory in group.trajectories
+    }
 
 
 def importance_sampling_ratio(

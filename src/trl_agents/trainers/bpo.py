@@ -115,6 +115,7 @@ class BPOTrainer(AgentGRPOTrainer):
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "bpo"]
     _name = "BPO"
     _config_class = BPOConfig
+    supports_trees = True  # credit/bpo.py charges a shared step once, to the path that owns it
     methods = (
         MethodInfo("bpo", "arXiv 2607.14171", "trl_agents.credit.bpo", title="BPO",
                    hook="topology (branching) + compute_advantages",

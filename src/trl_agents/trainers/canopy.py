@@ -99,7 +99,10 @@ class CANOPYConfig(AgentGRPOConfig):
                 f"steps_per_generation={self.steps_per_generation}, gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps}); the paper's ablation that reuses a batch loses 17.4 points."
             )
-        if self.canopy_max_group_size < self.num_generations:
+        if self.topology != "adaptive":
+            raise ValueError(f"CANOPY grows each task's group in rounds: topology must be 'adaptive', got "
+                             f"{self.topology!r}")
+        if self.canopy_pilot_success_rate is None and self.canopy_max_group_size < self.num_generations:
             raise ValueError(
                 f"canopy_max_group_size={self.canopy_max_group_size} is below num_generations={self.num_generations} "
                 "(the first round): raise the cap."

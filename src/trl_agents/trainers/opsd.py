@@ -112,6 +112,11 @@ class OPSDConfig(AgentGRPOConfig):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if self.opsd_coef == 0 and self.policy_loss_coef == 0:
             raise ValueError("opsd_coef and policy_loss_coef are both 0: nothing would be trained; set one > 0.")
+        if self.beta != 0 and self.policy_loss_coef == 0:
+            raise ValueError(
+                f"beta={self.beta} is the KL term of TRL's policy loss, which policy_loss_coef=0 skips: set beta=0 "
+                "(OPSD's setting) or policy_loss_coef > 0."
+            )
 
 
 class OPSDTrainer(AgentGRPOTrainer):

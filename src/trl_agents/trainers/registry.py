@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from ..names import did_you_mean
@@ -106,15 +106,9 @@ class Method:
 
     def config_defaults(self) -> dict[str, Any]:
         """The config class's field defaults with the method's own `defaults` on top."""
-        values = {f.name: f.default for f in fields(self.config_class) if f.default is not dataclass_missing()}
+        values = {f.name: f.default for f in fields(self.config_class) if f.default is not MISSING}
         values.update(self.info.defaults)
         return values
-
-
-def dataclass_missing():
-    import dataclasses
-
-    return dataclasses.MISSING
 
 
 def discover_methods() -> dict[str, Method]:

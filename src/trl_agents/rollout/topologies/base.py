@@ -6,8 +6,12 @@ generation call per turn for every active episode of every task and branch):
 
 * `begin(tasks, num_generations)` -> the first requests (usually `Launch`es);
 * `after_turn(view)` -> requests to serve right away, after every turn (e.g. fork from a state just visited);
-* `when_idle(view)` -> requests once no episode of this process is active (another round of episodes, forks from
-  finished backbones); an empty list ends the topology's part of the rollout.
+* `when_idle(view)` -> requests once no episode of this process is active (with a collective generator: of any
+  process, so that all processes ask at once) — another round of episodes, forks from finished backbones; an empty
+  list ends the topology's part of the rollout.
+
+A trainer builds its topology once and reuses it for every training rollout: `begin` must start each rollout
+afresh (state that should carry over, such as a random generator, may).
 
 Requests:
 
@@ -145,5 +149,7 @@ class Topology:
         return []
 
     def stats(self, view: RolloutView) -> dict[str, float]:
-        """Rollout-level numbers to log under `topology/` (e.g. episodes per task); {} by default."""
+        """Rollout-level numbers to log under `topology/` (e.g. episodes per task); {} by default. The trainer
+        reduces them over processes by name, so every process must return the same keys: means over this process's
+        tasks (averaged over processes), or `max_*` / `rounds` (the largest on any process)."""
         return {}

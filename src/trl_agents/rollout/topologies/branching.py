@@ -108,7 +108,7 @@ def step_score(step: Step, score: str) -> float:
     """A step's branching score from its `entropy` signal (per-token entropies of its action)."""
     entropies = step.signals.get("entropy")
     if entropies is None:
-        raise ValueError("branch score %r needs step.signals['entropy'] (the model signal 'entropy')" % score)
+        raise ValueError(f"branch score {score!r} needs step.signals['entropy'] (the model signal 'entropy')")
     if not len(entropies):
         return float("-inf")
     if score == "entropy_first":
