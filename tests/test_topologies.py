@@ -264,46 +264,40 @@ def test_branch_points_are_the_highest_scores_earliest_first(tokenizer, scripted
         BranchingTopology(branch_factor=1)
 
 
+class OneFork(Topology):
+    """One episode of task 0, then, once it is done, the one fork `fork(view)` asks for."""
+
+    name = "one-fork"
+
+    def __init__(self, fork, needs_snapshots=True):
+        self.fork, self.needs_snapshots = fork, needs_snapshots
+
+    def begin(self, tasks, num_generations):
+        self.done = False
+        return [Launch(0, 1)]
+
+    def when_idle(self, view):
+        if self.done:
+            return []
+        self.done = True
+        return [self.fork(view)]
+
+
 def test_branching_without_snapshots_is_refused(tokenizer, scripted):
-    class Careless(Topology):  # forks without asking the engine for snapshots
-        name = "careless"
-
-        def begin(self, tasks, num_generations):
-            self.done = False
-            return [Launch(0, 1)]
-
-        def when_idle(self, view):
-            if self.done:
-                return []
-            self.done = True
-            return [Fork(0, 0, 0, 1)]
-
+    careless = OneFork(lambda view: Fork(0, 0, 0, 1), needs_snapshots=False)  # forks without asking for snapshots
     engine = RolloutEngine(scripted(lambda *a: "down"), PromptRenderer(tokenizer), max_turns=2,
-                           sampling=SamplingParams(4), topology=Careless())
+                           sampling=SamplingParams(4), topology=careless)
     with pytest.raises(ValueError, match="no environment snapshot"):
         engine.run([{"env": "frozenlake", "seed": 3}], num_generations=1)
 
 
 def test_a_token_prefix_fork_continues_the_parents_action(tokenizer, scripted):
     # APPO-style token branching: fork at step 0 keeping the first token of the parent's action.
-    class TokenFork(Topology):
-        name = "token-fork"
-        needs_snapshots = True
-
-        def begin(self, tasks, num_generations):
-            self.done = False
-            return [Launch(0, 1)]
-
-        def when_idle(self, view):
-            if self.done:
-                return []
-            self.done = True
-            parent = view.groups[0].trajectories[0]
-            return [Fork(0, 0, 0, 1, action_prefix=tuple(parent.steps[0].action_ids[:1]))]
-
+    token_fork = OneFork(lambda view: Fork(0, 0, 0, 1, action_prefix=tuple(
+        view.groups[0].trajectories[0].steps[0].action_ids[:1])))
     generator = scripted(lambda prompt, call, row, size: "down" if call == 0 else "ight")
     engine = RolloutEngine(generator, PromptRenderer(tokenizer, history_length=0), max_turns=1,
-                           sampling=SamplingParams(4), topology=TokenFork())
+                           sampling=SamplingParams(4), topology=token_fork)
     group = engine.run([{"env": "frozenlake", "seed": 3}], num_generations=1).groups[0]
     parent, child = group.trajectories
     prefix = parent.steps[0].action_ids[:1]

@@ -34,13 +34,7 @@ __all__ = ["METHODS", "Group", "RolloutBatch", "Step", "Trajectory", "get_method
 
 
 def _method_classes() -> dict[str, type]:
-    from .trainers import METHODS
-
-    classes = {}
-    for method in METHODS.values():
-        for cls in (method.trainer_class, method.config_class):
-            classes[cls.__name__] = cls
-    return classes
+    return importlib.import_module(".trainers", __name__).method_classes()
 
 
 def __getattr__(name: str) -> Any:

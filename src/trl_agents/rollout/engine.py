@@ -297,7 +297,8 @@ class RolloutEngine:
     def _fork(self, forked: list[tuple[_Episode, _Episode, Fork]], plan: _SignalPlan) -> None:
         """Put every new episode in the state before step `request.step` of its parent: restore the parent's
         snapshot (one pool phase), share the parent's earlier steps, copy its prompt state."""
-        calls, ready = [], []
+        calls = []
+        transition_names = {signal.name for signal in plan.transition}
         for episode, parent, request in forked:
             steps = parent.trajectory.steps
             if not 0 <= request.step < len(steps):
@@ -312,8 +313,7 @@ class RolloutEngine:
                     "snapshot: set `needs_snapshots = True` on the topology (or record_snapshots=True)."
                 )
             calls.append((episode.env, _restore_calls, (snapshot, plan)))
-            ready.append((episode, parent, request))
-        for (episode, parent, request), outcome in zip(ready, self.env_pool.run(calls, "reset"), strict=True):
+        for (episode, parent, request), outcome in zip(forked, self.env_pool.run(calls, "reset"), strict=True):
             step = parent.trajectory.steps[request.step]
             trajectory = episode.trajectory
             trajectory.parent_id, trajectory.fork_step = parent.trajectory.episode_id, request.step
@@ -324,10 +324,7 @@ class RolloutEngine:
                 continue
             episode.system, episode.observation = parent.system, step.observation
             episode.history = list(parent.history[: request.step])
-            episode.state_values = {
-                name: value.before for name, value in step.signals.items()
-                if name in {s.name for s in plan.transition}
-            }
+            episode.state_values = {n: step.signals[n].before for n in transition_names if n in step.signals}
             episode.role = outcome.role
             if self.row_format == "conversation":
                 episode.context_ids = list(step.prompt_ids)

@@ -24,13 +24,17 @@ def get_method(name: str) -> Method:
     return lookup(METHODS, name)
 
 
+def method_classes() -> dict[str, type]:
+    """Every registered method's Config and Trainer class by name (e.g. `"BPOTrainer"`)."""
+    return {cls.__name__: cls for method in METHODS.values() for cls in (method.trainer_class, method.config_class)}
+
+
 def __getattr__(name: str):
-    """Every registered method's Config and Trainer class by name (e.g. `BPOTrainer`), imported or not above: a new
-    method needs no edit here."""
-    for method in METHODS.values():
-        for cls in (method.trainer_class, method.config_class):
-            if cls.__name__ == name:
-                return cls
+    """A registered method's Config or Trainer class by name, imported above or not: a new method needs no edit
+    here (nor in `trl_agents`, which resolves the same names)."""
+    classes = method_classes()
+    if name in classes:
+        return classes[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

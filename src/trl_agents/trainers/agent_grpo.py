@@ -687,13 +687,21 @@ class AgentGRPOTrainer(GRPOTrainer):
         return tuple(cls.training_signals)
 
     @classmethod
+    def _all_signals(cls, args: Any) -> tuple[list, list, Topology]:
+        """(environment signals, model signals, topology) with `args`: the declared signals, the environment signals
+        they need, and the model signals the topology computes mid-rollout."""
+        args = _as_namespace(args)
+        topology = cls.make_topology(args)
+        env_signals, model_signals = resolve_signals(
+            [*cls.signal_names(args), *topology.model_signals], cls.signal_options(args)
+        )
+        return env_signals, model_signals, topology
+
+    @classmethod
     def declared_signals(cls, args: Any) -> tuple[str, ...]:
         """Every signal the trainer computes with `args`: the declared ones, the environment signals they need, and
         the model signals of the topology."""
-        args = _as_namespace(args)
-        env_signals, model_signals = resolve_signals(
-            [*cls.signal_names(args), *cls.make_topology(args).model_signals], cls.signal_options(args)
-        )
+        env_signals, model_signals, _ = cls._all_signals(args)
         return tuple(s.name for s in [*model_signals, *env_signals])
 
     @classmethod
@@ -724,12 +732,11 @@ class AgentGRPOTrainer(GRPOTrainer):
     @classmethod
     def required_capabilities(cls, args: Any) -> tuple[str, ...]:
         """Environment capabilities checked at start-up: the trainer's own, its signals' and its topology's."""
-        args = _as_namespace(args)
-        env_signals, model_signals = resolve_signals(cls.declared_signals(args), cls.signal_options(args))
+        env_signals, model_signals, topology = cls._all_signals(args)
         return tuple(dict.fromkeys([
             *cls.required_env_capabilities,
             *required_capabilities([*env_signals, *model_signals]),
-            *type(cls.make_topology(args)).required_capabilities,
+            *topology.required_capabilities,
         ]))
 
     @classmethod
