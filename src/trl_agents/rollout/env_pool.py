@@ -671,6 +671,27 @@ class RayEnv(_RemoteEnv):
         except Exception as err:  # noqa: BLE001 — the actor is killed anyway
             logger.warning("Closing environment %s failed: %s", self.name, err)
         ray.kill(self._actor)
+        _wait_until_dead(self._actor, RAY_STOP_TIMEOUT)
+
+
+RAY_STOP_TIMEOUT = 10.0  # our choice: seconds `close()` waits for a killed actor to be gone
+
+
+def _wait_until_dead(actor, timeout: float) -> None:
+    """Return once `actor` answers no more calls (`ray.kill` is asynchronous: a call sent right after it may still
+    run), so that `close()` returns with its actors stopped; give up with a warning after `timeout` seconds."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ready.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            break
+        time.sleep(0.05)
+    logger.warning("A killed Ray environment actor still answered after %.0f s", timeout)
 
 
 _RAY_ACTOR = None
