@@ -16,11 +16,25 @@ Search-QA has `privileged_context()` (the reasoning chain and the gold answer: t
   BPO's branching topology computes it mid-rollout), one no-grad forward;
 * BiPACE, `hidden_state_source="forward"`: `hidden_states` from an extra no-grad forward over the step prompts, cut
   after the layer (the paper's way);
-* BiPACE, `hidden_state_source="rollout"`: `hidden_states` kept from the generator's own prefill: ~0 by design.
+* BiPACE, `hidden_state_source="rollout"`: `hidden_states` kept from the generator's own prefill: ~0 by design;
+* OCSD: `ocsd_residual`, two replay views (Full, Observation-Ablated) of the ⌈20 %⌉ most uncertain steps of each
+  episode, one no-grad forward over both;
+* ADRS and PCSD: `teacher_logprobs` under the privileged view, as SDAR (ADRS: the current policy; PCSD: the frozen
+  step-0 copy);
+* GRSD: reflections (one batched generation per episode), the policy judging them (one batched generation), the
+  guidance of mixed groups (one more), then teacher and student scores of the mixed groups' steps; its auxiliary
+  loss forwards the reflections once more;
+* EnvRL: no forward signal (`envrl_examples` only builds the examples); its cost is the auxiliary loss, an extra
+  forward and backward over the next-observation and inverse-dynamics examples of the step rows;
+* Dark Room, on the same tasks wrapped by `predict` (the agent adds `<predict>...</predict>` to its answer): the
+  reward arm scores every prediction against the observation that followed inside its credit (a string
+  similarity); the auxiliary arm is EnvRL's next-observation loss.
 
 Per step, from `trainer.state.log_history` (logging_steps 1): TRL's `step_time` (the wall time of `training_step`:
-rollout, signals, credit, loss forward and backward; not the optimizer step) and `signals/<name>_seconds`; the
-rollout's own time (`RolloutEngine.run`) is timed on the side. The runs go in `--rounds` interleaved rounds (GRPO,
+rollout, signals, credit, loss forward and backward; not the optimizer step); timed on the side: the rollout
+(`RolloutEngine.run`), every model signal of the step together (`compute_signals`: for GRSD its generations and
+judge too), the credit (`compute_advantages`) and the method's auxiliary loss (`compute_auxiliary_loss`, forward
+only; its backward is in the step). The runs go in `--rounds` interleaved rounds (GRPO,
 SDAR, ..., then again), after one untimed warm-up run; a round's first step pays one-off warm-ups and is left out.
 A 2-core machine shared with other jobs has bursts of contention that make a step several times slower (seen: 0.4 s
 steps taking 4-6 s); they only ever slow steps down, so every figure of a run is the mean over the same steps, the
@@ -64,8 +78,14 @@ ENV = "searchqa"
 def build_runs():
     """(label, trainer class, config class, config overrides, signal name) of every run; GRPO first."""
     from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
+    from trl_agents.trainers.adrs import ADRSConfig, ADRSTrainer
     from trl_agents.trainers.bipace import BiPACEConfig, BiPACETrainer
+    from trl_agents.trainers.dark_room import DarkRoomConfig, DarkRoomTrainer
+    from trl_agents.trainers.envrl import EnvRLConfig, EnvRLTrainer
+    from trl_agents.trainers.grsd import GRSDConfig, GRSDTrainer
+    from trl_agents.trainers.ocsd import OCSDConfig, OCSDTrainer
     from trl_agents.trainers.opsd import OPSDConfig, OPSDTrainer
+    from trl_agents.trainers.pcsd import PCSDConfig, PCSDTrainer
     from trl_agents.trainers.sdar import SDARConfig, SDARTrainer
 
     class EntropyGRPOTrainer(AgentGRPOTrainer):
@@ -75,6 +95,7 @@ def build_runs():
         signals = ("entropy",)
 
     hidden = {"hidden_layer": -1}  # BiPACE's default (-12) is for Qwen2.5-1.5B; the tiny model has 2 layers
+    predict = {"env_name": "predict", "env_kwargs": {"inner": ENV}}  # the same tasks, answers with a prediction
     return [
         ("GRPO", AgentGRPOTrainer, AgentGRPOConfig, {}, None),
         ("SDAR, teacher current", SDARTrainer, SDARConfig, {}, "teacher_logprobs"),
@@ -84,6 +105,14 @@ def build_runs():
          "hidden_states"),
         ("BiPACE, source rollout", BiPACETrainer, BiPACEConfig, {**hidden, "hidden_state_source": "rollout"},
          "hidden_states"),
+        ("OCSD", OCSDTrainer, OCSDConfig, {}, "ocsd_residual"),
+        # ADRS's teacher term starts after its 20-step warm-up: no warm-up here, so that its credit runs too.
+        ("ADRS", ADRSTrainer, ADRSConfig, {"adrs_warmup_steps": 0}, "teacher_logprobs"),
+        ("PCSD, teacher frozen", PCSDTrainer, PCSDConfig, {}, "teacher_logprobs"),
+        ("GRSD, policy judge", GRSDTrainer, GRSDConfig, {}, "reflections, judge, guidance, teacher"),
+        ("EnvRL", EnvRLTrainer, EnvRLConfig, {}, None),
+        ("Dark Room, reward arm", DarkRoomTrainer, DarkRoomConfig, {**predict, "dark_room_arm": "reward"}, None),
+        ("Dark Room, aux arm", DarkRoomTrainer, DarkRoomConfig, {**predict, "dark_room_arm": "aux"}, None),
     ]
 
 
@@ -100,6 +129,8 @@ def train_one(trainer_class, config_class, overrides, tokenizer, tasks, args, ou
         max_completion_length=args.new_tokens, per_device_train_batch_size=args.batch,
         num_generations=args.generations, **overrides,
     )
+    if config.env_name == "predict":  # the same tasks, played through the prediction wrapper
+        tasks = [{**task, "env": "predict"} for task in tasks]
     trainer = trainer_class(model=build_tiny_model(tokenizer, seed=0), args=config,
                             train_dataset=Dataset.from_list(tasks), processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)  # no log line per step: the script prints its own
@@ -123,6 +154,9 @@ def train_one(trainer_class, config_class, overrides, tokenizer, tasks, args, ou
         return built
 
     trainer._engine = engine
+    trainer.compute_signals = timed(trainer.compute_signals, "signals_seconds")
+    trainer.compute_auxiliary_loss = timed(trainer.compute_auxiliary_loss, "aux_seconds")
+    trainer.compute_advantages = timed(trainer.compute_advantages, "credit_seconds")
     if hasattr(trainer, "teacher_logits"):
         trainer.teacher_logits = timed(trainer.teacher_logits, "teacher_seconds")
     trainer.train()
@@ -181,32 +215,35 @@ def main() -> None:
 
         results.append({
             "label": label, "signal": signal, "step": m("step_time"), "rollout": m("rollout_seconds"),
-            "signal_s": m(f"signals/{signal}_seconds") if signal else None,
+            "signal_s": m("signals_seconds") if signal else None, "aux_s": m("aux_seconds"),
+            "credit_s": m("credit_seconds"),
             "teacher_s": m("teacher_seconds") if any("teacher_seconds" in h for h in logs) else None,
             "episodes": m("rollout/episodes"), "turns": m("env/episode_length"), "rows": m("train_rows"),
             "tokens": m("tokens"), "generated": m("rollout/generated_tokens"), "n": len(logs), "counted": counted,
         })
     base = results[0]["step"]
     lines = [
-        ("| run | signal | signal s/step | share of step | step s | x GRPO step | rollout s | episodes | "
-        "turns/episode | rows | tokens (prompt + completion) | generated tokens |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ("| run | signal | signal s/step | share of step | credit s/step | aux loss s/step (forward) | share | step s "
+         "| x GRPO step | rollout s | episodes | turns/episode | rows | tokens (prompt + completion) | generated tokens |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if r["signal"] is None:
             signal_cell, seconds, share = "—", "—", "—"
         else:
-            signal_cell = f"`{r['signal']}`"
+            signal_cell = f"`{r['signal']}`" if " " not in r["signal"] else r["signal"]
             seconds, share = f"{r['signal_s']:.4f}", f"{100 * r['signal_s'] / r['step']:.2f} %"
+        aux = r["aux_s"] if r["aux_s"] == r["aux_s"] else 0.0  # nan: the hook never ran
         lines.append(
-            f"| {r['label']} | {signal_cell} | {seconds} | {share} | {r['step']:.3f} | {r['step'] / base:.2f} | "
-            f"{r['rollout']:.3f} | {r['episodes']:.0f} | {r['turns']:.1f} | {r['rows']:.0f} | {r['tokens']:.0f} | "
-            f"{r['generated']:.0f} |"
+            f"| {r['label']} | {signal_cell} | {seconds} | {share} | {r['credit_s']:.4f} | {aux:.4f} | "
+            f"{100 * aux / r['step']:.2f} % | "
+            f"{r['step']:.3f} | {r['step'] / base:.2f} | {r['rollout']:.3f} | {r['episodes']:.0f} | "
+            f"{r['turns']:.1f} | {r['rows']:.0f} | {r['tokens']:.0f} | {r['generated']:.0f} |"
         )
         if r["teacher_s"] is not None:
             lines.append(
                 f"| {r['label']} | teacher forward in the loss | {r['teacher_s']:.4f} | "
-                f"{100 * r['teacher_s'] / r['step']:.2f} % | | | | | | | | |"
+                f"{100 * r['teacher_s'] / r['step']:.2f} % | | | | | | | | | | | |"
             )
     table = "\n".join(lines)
     header = (
@@ -220,8 +257,11 @@ def main() -> None:
         f"rows. Means over the faster half ({results[0]['n']}) of each run's {results[0]['counted']} counted steps "
         f"({args.rounds} interleaved rounds of {args.steps} steps, each round's first step left out; the slower half "
         "holds the bursts of contention of a shared machine). Step s: TRL's `step_time` (rollout, signals, credit, "
-        "loss forward and backward; not the optimizer step). Share: the signal's seconds over its own run's step. "
-        "Rollout s: `RolloutEngine.run`, inside the step. Rows: step rows trained (one per episode step); tokens: "
+        "loss forward and backward; not the optimizer step). Signal s: every model signal of the step "
+        "(`compute_signals`; GRSD's reflection, judge and guidance generations included). Credit s: "
+        "`compute_advantages` (the Dark Room reward arm scores its predictions there). Aux loss s: the method's "
+        "`compute_auxiliary_loss` calls, their forward only (the backward is in the step). Shares: over the run's own "
+        "step. Rollout s: `RolloutEngine.run`, inside the step. Rows: step rows trained (one per episode step); tokens: "
         "their prompt + completion tokens (teacher prompts are longer: they add the privileged text).\n\n"
     )
     grpo = results[0]
@@ -230,7 +270,9 @@ def main() -> None:
         f"({100 * grpo['rollout'] / grpo['step']:.0f} %); the rest is the loss forward and backward over "
         f"{grpo['rows']:.0f} rows. The papers' overheads are for big models on GPUs, where generating long actions "
         "token by token dominates a step and a no-grad forward over the batch is comparatively cheap (BiPACE's "
-        "README: 11.3 % of a step for its hidden-state pass; OCSD 1.4 % and ADRS ≈ 12 %, methods later issues add). "
+        "README: 11.3 % of a step for its hidden-state pass; OCSD's paper: 1.4 % (7.52 s of dual-view scoring in a "
+        "544.7 s iteration, Qwen3-4B, 8 A100s); ADRS's log: ≈ 12 % (a 44.4 s teacher forward in a 356 s step, "
+        "Qwen2.5-3B)). "
         "A tiny CPU model generating at most "
         f"{args.new_tokens} tokens per turn inflates the share of every forward-bound signal: read these as what each "
         "signal does and how it scales with rows and tokens, not as its cost on a real run."

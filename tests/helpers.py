@@ -50,3 +50,17 @@ def group_of(*trajectories):
     from trl_agents.trajectory import Group
 
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
+
+
+def train_and_check_moved(trainer, steps: int = 2) -> list[dict]:
+    """Train `trainer` (configured for `steps` optimizer steps), assert that it ran them and that some parameter
+    moved; return the per-step log entries (those with `env/success_rate`)."""
+    import torch
+
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == steps
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()), "no parameter moved"
+    logs = [h for h in trainer.state.log_history if "env/success_rate" in h]
+    assert len(logs) == steps
+    return logs

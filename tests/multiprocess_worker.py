@@ -46,8 +46,15 @@ CASES = {
     # OPSD alone: the teacher is the step-0 copy under a longer prompt, so the JSD's gradient is small; scaled up so
     # that a wrongly normalised update would show.
     "opsd": ("opsd", {"opsd_coef": 100.0}),
+    # GRSD: ℓ_stu from the behaviour log-probs (the generator's), not a re-score. Here teacher and student prompts
+    # differ by a one-token guidance, so a re-scored gap is ~1e-3 and GRSD's group normalisation of q (by the mean
+    # |q|) would amplify the ~1e-7 differences of batched forwards padded differently on each process.
+    "grsd": ("grsd", {"grsd_student_logprobs": "behaviour"}),
     "grpo_accumulation": ("grpo", {"gradient_accumulation_steps": 2}),
     "grpo_conversation": ("grpo", {"row_format": "conversation"}),
+    # The loss, old and reference log-probs in row chunks of at most 150 tokens (a few rows each): every process
+    # cuts the same chunks, gradients accumulate without synchronisation until the last chunk.
+    "grpo_token_budget": ("grpo", {"max_tokens_per_forward": 150, "beta": 0.04}),
 }
 
 @register_env
@@ -136,7 +143,12 @@ class DeterministicGenerator:
         completion_ids, logprobs = [], []
         for prompt in prompts:
             text = self.tokenizer.decode(prompt)
-            if int(re.findall(r"you are at (-?\d+)", text)[-1]) > 0:
+            positions = re.findall(r"you are at (-?\d+)", text)
+            if not positions or "reflect" in text.lower():
+                # Not an episode's turn (GRSD's reflections, judge and guidance): a fixed answer, which a judge reads
+                # as the score 2, the same on any process.
+                action = "2"
+            elif int(positions[-1]) > 0:
                 action = "right"  # an episode that got going keeps going: more groups with a success and a failure
             else:
                 action = ACTIONS[(zlib.crc32(text.encode()) + seen[text]) % len(ACTIONS)]

@@ -296,7 +296,8 @@ def frozenlake(**kwargs):
 
 def test_gymnasium_frozenlake_check_env():
     report = check_env(frozenlake, {"seed": 0}, expert_actions=FROZEN_PATH)
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                           "expert_episode"}
 
 
 def test_gymnasium_slippery_frozenlake_is_seeded():

@@ -125,7 +125,8 @@ def test_expert_plan_solves_every_task_type(env, games, task_type):
 @pytest.mark.parametrize("task_type", ["pick_heat_then_place_in_recep", "look_at_obj_in_light"])
 def test_check_env_contract(games, task_type):
     report = check_env(ALFWorld, task(task_type))
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                           "expert_episode"}
 
 
 def test_bad_action_is_invalid_and_changes_nothing(env):

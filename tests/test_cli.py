@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -64,6 +65,9 @@ def test_train_writes_checkpoint_trajectories_metrics_eval_and_plot(tmp_path, ca
     assert metrics["warm_start"]["examples"] == 24 * 6 and len(metrics["warm_start"]["validation_success"]) == 2
     printed = capsys.readouterr().out
     assert "held-out success after warm start" in printed and "held-out success after RL" in printed
+    # the compact console: one short line per logging step, not the metrics dict (which metrics.json keeps)
+    assert re.search(r"^step 2/2 \| success \d\.\d{3} \| return \S+ \| loss \S+ \| \S+ s/step$", printed, re.M)
+    assert "'env/success_rate'" not in printed and "env/success_rate" in metrics["rl"][0]
 
     agent = json.loads((out / "agent_config.json").read_text())
     assert agent["env_name"] == "frozenlake" and agent["history_length"] == 0 and agent["max_turns"] == 4
@@ -73,6 +77,8 @@ def test_train_writes_checkpoint_trajectories_metrics_eval_and_plot(tmp_path, ca
     assert evaluated["num_tasks"] == 8
     assert evaluated["success_rate"] == results["eval_after_rl"]["success_rate"]
     assert evaluated["episode_length"] == results["eval_after_rl"]["episode_length"]
+    # the training run's record is kept; the new one takes the next free name (--overwrite true would replace it)
+    assert sorted(r["name"] for r in read_eval_results(out)) == ["frozenlake-eval-greedy", "frozenlake-eval-greedy-2"]
 
 
 def test_quickstart_config_is_packaged_and_parses():
@@ -134,3 +140,51 @@ def test_every_env_names_an_existing_readme(capsys):
         main(["envs", name])
         readme = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("README: "))
         assert os.path.exists(os.path.join(root, readme.split()[1])), readme
+
+
+# ---- first contact: every mistake below is one line that names the key and the fix (no traceback, no usage dump)
+
+
+def _error_line(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    message = str(raised.value.code) if isinstance(raised.value.code, str) else capsys.readouterr().err
+    assert "Traceback" not in message and "usage:" not in message, message
+    assert len(message.strip().splitlines()) == 1, message
+    return message
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["--num_generations", "0"], "num_generations must be >= 2"),
+    (["--per_device_train_batch_size", "6"], "must be a multiple of num_generations=4"),
+    (["--learning_rate", "abc"], "invalid float value: 'abc'"),
+    (["--leanring_rate", "0.1"], "unknown key 'leanring_rate' in the command line. Did you mean 'learning_rate'?"),
+    (["--num_train_tasks", "0"], "has no tasks (num_train_tasks=0)"),
+    (["--train_split", "nosuch"], "Unknown FrozenLake split 'nosuch'"),
+])
+def test_bad_settings_are_one_line_errors_and_leave_no_output_dir(tmp_path, capsys, overrides, expected):
+    message = _error_line(capsys, ["train", "--config", write_config(tmp_path), *overrides])
+    assert expected in message
+    assert not (tmp_path / "out").exists()  # nothing written before the settings were known to be good
+
+
+def test_bad_config_files_are_one_line_errors(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("method: gigpo\nenv_name: [frozenlake\nmax_steps: 2\n")
+    assert "not valid YAML: line 3, column 10" in _error_line(capsys, ["train", "--config", str(broken)])
+    typo = write_config(tmp_path, lernrate=1)
+    assert "unknown key 'lernrate' in the config file" in _error_line(capsys, ["train", "--config", typo])
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in _error_line(capsys, ["train", "--config", write_config(tmp_path, output_dir=str(tmp_path / "file"))])
+
+
+def test_eval_of_a_missing_checkpoint_and_the_subcommands_help(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    assert "no such directory" in _error_line(capsys, ["eval", "--model_name_or_path", missing])
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert capsys.readouterr().out.startswith("usage: trl-agents eval")
+    with pytest.raises(SystemExit):
+        main(["methods", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-agents methods") and "GiGPOTrainer" not in out

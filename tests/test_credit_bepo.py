@@ -10,7 +10,9 @@ import doctest
 import math
 import os
 import random
+from itertools import chain
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -18,7 +20,7 @@ from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import bepo as credit_bepo
 from trl_agents.credit import get_estimator, grpo_advantages
-from trl_agents.credit.bepo import bellman_credit, bepo_advantages, bepo_advantages_with_stats
+from trl_agents.credit.bepo import bellman_credit, bepo_advantages, bepo_advantages_with_stats, bepo_batch_advantages
 from trl_agents.envs import AgentEnv, get_env_class, register_env
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import bepo as trainer_bepo
@@ -80,7 +82,7 @@ def test_toy_gae_lambda_one():
 
 
 def test_toy_fused_advantages():
-    advantages, stats = bepo_advantages_with_stats(toy_group(), gamma=1.0, lam=1.0)
+    advantages, stats = bepo_advantages_with_stats(toy_group(), gamma=1.0, lam=1.0, std_floor=0.0)  # the bare σ_B
     # A^GRPO: R = [1, 0, 0, 1], mean 0.5, Bessel std 0.57735 -> ±0.5/(0.57735 + 1e-4) = ±0.86588
     # Gated A^B (all rows but C1): [0.5, 1/3, −0.5, −2/3, −0.5, 0.5, 1/3]: mean 0,
     #   Bessel var (4·0.25 + 2·1/9 + 4/9)/6 = 5/18 -> σ_B = 0.527046
@@ -137,7 +139,7 @@ def test_cyclic_values_beta_half():
 
 
 def test_cyclic_fused_advantages():
-    advantages = bepo_advantages(cyclic_group(), gamma=1.0, lam=1.0)
+    advantages = bepo_advantages(cyclic_group(), gamma=1.0, lam=1.0, std_floor=0.0)
     # A^GRPO: R = [1, 0] -> ±0.5/(0.707107 + 1e-4) = ±0.707007
     # Gated rows (s1): A1 = 0.5, A3 = 0.5, B1 = −0.5: mean 1/6, Bessel var (2·(1/3)² + (2/3)²)/2 = 1/3, σ_B = 0.57735
     # w(s1) = 3/4:  Â = 0.75·0.5/(0.57735 + 1e-6) = 0.649519
@@ -154,7 +156,7 @@ def test_self_loops_of_invalid_actions_are_cycles():
     assert credit.values == pytest.approx({"s0": 0.5, "s1": 1.0, "s2": 0.0})
     assert credit.successors == {"s0": 3, "s1": 1, "s2": 1}
     # The penalty enters A^GRPO only: the GRPO part of row A0 is 0.707007 − 0.1.
-    advantages = bepo_advantages(group, gamma=1.0, lam=1.0)
+    advantages = bepo_advantages(group, gamma=1.0, lam=1.0, std_floor=0.0)
     grpo = grpo_advantages(group)
     assert grpo[0][0] == pytest.approx(0.707007 - 0.1, abs=TOL)
     # Gated rows (s0): A^B = return − V(s0): A0 = 0.5, A1 = 0.5, B0 = −0.5 -> σ_B = 0.57735, w = 3/4 -> ±0.649519
@@ -440,3 +442,45 @@ def test_two_training_steps_on_frozenlake(tiny_model, tokenizer, scripted, tmp_p
         assert log["bepo/bellman_std"] > 0
     batch = trainer.last_rollout.groups[0]
     assert [t.success for t in batch.trajectories] == [True, True, False, False]
+
+
+def blow_up_group(copies: int = 1) -> Group:
+    # s0 (r=2) → s1 (−1) → s0 (1) → s1 (0), success; λ_inv = 0. s0 → s1 twice: one successor, gate closed; s1 → s0
+    # then s1 → z⁺: two successors, so the two visits of s1 are the gated rows, with A^B = −0.3794 and −0.3872.
+    def episode():
+        rewards = [("s0", 2.0), ("s1", -1.0), ("s0", 1.0), ("s1", 0.0)]
+        steps = [Step(state, "a", reward=r, state_key=state) for state, r in rewards]
+        steps[-1].done = True
+        return Trajectory({}, steps, success=True)
+
+    return Group({}, [episode() for _ in range(copies)])
+
+
+def test_a_tiny_bellman_std_does_not_blow_the_advantage_up():
+    group = blow_up_group()
+    credit = bellman_credit(group)
+    assert credit.gated == [[False, True, False, True]]
+    assert_close(credit.advantages, [[0.1576, -0.3794, -0.8495, -0.3872]])
+    # The bare std over the two gated rows: σ_B = |−0.3794 − (−0.3872)|/√2 = 0.0055, and with w = min(1, 2/4) = 0.5
+    # the Bellman term is 0.5 · (−0.3794)/0.0055 = −34.28 (A^GRPO = 0 for a group of one): the reported blow-up.
+    raw, stats = bepo_advantages_with_stats(group, invalid_penalty=0.0, std_floor=0.0)
+    assert stats["bellman_std"] == pytest.approx(0.005533, abs=1e-5)
+    assert_close(raw, [[0.0, -34.2799, 0.0, -34.9869]])
+    # The default floor σ_min = 1 > σ_B: the term is 0.5 · (−0.3794)/(1 + 1e-6) = −0.1897: never amplified.
+    floored = bepo_advantages(group, invalid_penalty=0.0)
+    assert_close(floored, [[0.0, -0.1897, 0.0, -0.1936]])
+    # The trainer's default, the batch std (here over this group and a second one with spread-out credit):
+    # σ_B of the four gated rows is above the floor, so the batch's spread sets the scale.
+    spread = Group({}, [Trajectory({}, [Step("t0", "a", reward=5.0, state_key="t0"),
+                                        Step("t1", "a", reward=0.0, state_key="t1", done=True)], success=True),
+                        Trajectory({}, [Step("t0", "b", reward=-5.0, state_key="t0"),
+                                        Step("t2", "a", reward=0.0, state_key="t2", done=True)], success=False)])
+    batch, batch_stats = bepo_batch_advantages([group, spread], bellman_norm="batch_std", invalid_penalty=0.0)
+    values = [v for part in (group, spread) for v, g in zip(chain.from_iterable(bellman_credit(part).advantages),
+                                                              chain.from_iterable(bellman_credit(part).gated))
+              if g]
+    sigma = float(np.std(values, ddof=1))
+    assert sigma > 1 and batch_stats[0]["bellman_std"] == pytest.approx(sigma)
+    assert_close(batch[0], [[0.0, 0.5 * -0.3794 / sigma, 0.0, 0.5 * -0.3872 / sigma]])
+    for advantages in (floored, *batch):
+        assert all_finite(advantages) and max(abs(v) for row in advantages for v in row) < 5

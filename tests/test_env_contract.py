@@ -79,7 +79,7 @@ def test_replay_errors():
 
 def test_check_env_passes_and_reports():
     report = check_env(ReplayWalk, {"start": 0})
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore"}
     assert "expert_episode" in check_env(ReplayWalk, {"start": 0}, expert_actions=["+", "+", "+"])
 
 
@@ -123,3 +123,69 @@ def test_requires_and_roles_defaults():
         roles = ("alice", "bob")
 
     assert TwoRoles().current_role() == "alice" and "roles" in TwoRoles.capabilities()
+
+
+# ---- step outputs that break the contract: the episode fails, named and recorded; nothing is coerced
+
+
+class Misbehaving(AgentEnv):
+    """Plays like the toy keyword env, except that on task seed 1 its second step returns `bad` in one slot."""
+
+    name = "test-misbehaving"
+    task_keys = ("seed",)
+    BAD = {"reward": float("nan")}
+
+    def reset(self, task):
+        self.seed, self.turn = task["seed"], 0
+        return f"Round 0 of task {self.seed}."
+
+    def step(self, action_text):
+        if action_text != "go":
+            return "Say go.", 0.0, False, {"valid": False}
+        self.turn += 1
+        outputs = {"observation": f"Round {self.turn}.", "reward": 1.0, "done": self.turn >= 3,
+                   "info": {"valid": True, "success": self.turn >= 3}}
+        if self.seed == 1 and self.turn == 2:
+            outputs.update(self.BAD)
+        return outputs["observation"], outputs["reward"], outputs["done"], outputs["info"]
+
+
+VIOLATIONS = [
+    ({"reward": float("nan")}, "reward is nan (it must be a finite number)"),
+    ({"reward": float("inf")}, "reward is inf (it must be a finite number)"),
+    ({"reward": "1.0"}, "reward is str '1.0' (it must be a finite number)"),
+    ({"observation": None}, "observation is None (it must be a str)"),
+    ({"observation": 42}, "observation is int 42 (it must be a str)"),
+    ({"info": ["valid"]}, "info is list ['valid'] (it must be a dict)"),
+    ({"done": 1}, "done is int 1 (it must be a bool)"),
+]
+
+
+@pytest.mark.parametrize(("bad", "expected"), VIOLATIONS)
+def test_a_step_that_breaks_the_contract_fails_its_episode_only(bad, expected, tokenizer, scripted, monkeypatch):
+    from trl_agents.envs import register_env
+    from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
+
+    register_env(Misbehaving)
+    monkeypatch.setattr(Misbehaving, "BAD", bad)
+    engine = RolloutEngine(scripted(lambda *args: "go"), PromptRenderer(tokenizer, history_length=0), max_turns=4,
+                           sampling=SamplingParams(4))
+    tasks = [{"env": "test-misbehaving", "seed": seed} for seed in (0, 1)]
+    batch = engine.run(tasks, num_generations=2)
+    good, bad_group = batch.groups
+    assert all(not t.failed and len(t.steps) == 3 for t in good.trajectories)  # the other task plays on
+    for trajectory in bad_group.trajectories:
+        assert trajectory.failed and len(trajectory.steps) == 2  # the offending step stays in the record
+        assert trajectory.error == (f"environment 'test-misbehaving' broke its contract on task {bad_group.task_id}, "
+                                    f"episode {trajectory.episode_id}, step 1: step failed: env contract: {expected}")
+    rows = batch.to_rows()
+    assert sum(row["error"] is not None for row in rows) == 4  # 2 episodes × 2 recorded steps
+
+
+@pytest.mark.parametrize(("bad", "expected"), VIOLATIONS)
+def test_check_env_names_the_actual_violation(bad, expected, monkeypatch):
+    monkeypatch.setattr(Misbehaving, "BAD", bad)
+    with pytest.raises(EnvContractError, match=r"^step_outputs: step 1 \('go'\): " + expected.replace("(", r"\(")
+                       .replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        check_env(Misbehaving, {"seed": 1}, actions=["go", "go", "go"], expert_actions=())
+    assert "step_outputs" in check_env(Misbehaving, {"seed": 0}, actions=["go", "go", "go"], expert_actions=())

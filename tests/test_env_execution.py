@@ -315,6 +315,12 @@ def test_training_goes_on_when_an_env_hangs_in_its_worker(train_one_iteration, t
         failed = rows[rows["error"].notna()]
         assert list(failed["error"]) == ["step timed out after 2 s"] and failed["advantage"].isna().all()
         assert len(rows[rows["error"].isna()]) == 3 * 2  # the three healthy episodes, two turns each
+        # The hung episode's task is left with one healthy episode: nothing to compare it with, so its group is not
+        # trained on (min_healthy_episodes=2) — it is recorded, with no advantage.
+        assert logs[0]["rollout/dropped_groups"] == 1
+        lone = rows[(rows["error"].isna()) & (rows["group_index"] == failed["group_index"].iloc[0])]
+        assert len(lone) == 2 and lone["advantage"].isna().all()
+        assert rows[rows["group_index"] != failed["group_index"].iloc[0]]["advantage"].notna().all()
         # train() stopped the environments' workers at its end (the hung one was killed at its timeout)
         assert not trainer.env_pool._free and not multiprocessing.active_children()
     finally:
@@ -545,3 +551,41 @@ def test_trl_agents_eval_runs_environments_on_the_chosen_backend(tiny_model_dir)
     assert not multiprocessing.active_children()  # eval stopped its workers
     with pytest.raises(ValueError, match="env_backend must be one of"):
         evaluate([*argv, "--env_backend", "processes"])
+
+
+def test_a_long_phase_without_a_timeout_is_reported_with_the_option_to_set(caplog):
+    import logging
+
+    from trl_agents.rollout.env_pool import call_method
+
+    def slow_step(env, action):
+        time.sleep(0.6)
+        return env.step(action)
+
+    pool = EnvPool(default_env="frozenlake", backend="thread", hang_warning=0.2)
+    env = pool.acquire({"seed": 0})
+    pool.run([(env, call_method, ("reset", {"seed": 0}))], "reset")
+    with caplog.at_level(logging.WARNING, logger="trl_agents.rollout.env_pool"):
+        [outcome] = pool.run([(env, slow_step, ("right",))], "step")
+        pool.run([(env, call_method, ("step", "right"))], "step")  # quick: no second warning
+    pool.close()
+    assert not isinstance(outcome, BaseException)  # a warning only: the call still completes
+    [record] = [r for r in caplog.records if "running for" in r.getMessage()]
+    assert "frozenlake" in record.getMessage() and "set env_step_timeout" in record.getMessage()
+
+
+def test_groups_shrunk_to_one_episode_are_not_trained_unless_asked():
+    from trl_agents.credit.gigpo import gigpo_advantages
+    from trl_agents.trainers.agent_grpo import trainable_groups
+    from trl_agents.trajectory import Group, Step, Trajectory
+
+    def episode(reward, error=None):
+        return Trajectory({"seed": 0}, [Step("s", "a", reward=reward, done=True)], success=reward > 0, error=error)
+
+    shrunk = Group({"seed": 0}, [episode(10.0), episode(0.0, error="step timed out after 2 s")])
+    whole = Group({"seed": 1}, [episode(10.0), episode(0.0)])
+    kept, dropped = trainable_groups([shrunk, whole], 2)
+    assert dropped == 1 and [len(g.trajectories) for g in kept] == [0, 2]
+    # min_healthy_episodes=1 restores verl-agent's rule: the lone episode (mean 0, std 1) trains with its raw return
+    kept, dropped = trainable_groups([shrunk, whole], 1)
+    assert dropped == 0 and gigpo_advantages(kept[0])[0][0] == pytest.approx(10.0)

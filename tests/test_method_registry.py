@@ -23,6 +23,7 @@ from trl_agents.trainers import METHODS, AgentGRPOTrainer
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 SRC = os.path.join(ROOT, "src", "trl_agents")
 SEEDED = ("opsd", "sdar", "canopy", "bpo")  # the methods of the method-seams issue, with the earlier twelve
+DISTILLATION = ("ocsd", "adrs", "pcsd", "grsd", "envrl", "dark_room")  # self-distillation and auxiliary objectives
 SECTIONS = ("What it does", "Equations", "Defaults", "Our choices", "Hand-computed case", "Headline number", "Use it")
 
 
@@ -37,7 +38,7 @@ def configs_of(name: str) -> list[str]:
 
 def test_every_method_comes_from_a_trainer_declaration():
     assert {"grpo", "dr_grpo", "rloo", "gigpo", "bepo", "ecpo", "progpo", "scpo", "bipace", "3spo", "vict", "cast",
-            *SEEDED} <= set(METHODS)
+            *SEEDED, *DISTILLATION} <= set(METHODS)
     for name, method in METHODS.items():
         assert method.info in vars(method.trainer_class)["methods"], name  # declared by the class itself
         assert method.paper.startswith("arXiv "), name
@@ -82,7 +83,7 @@ def test_new_methods_need_no_edit_outside_their_files():
     # trainers/__init__.py imports no new method (the registry discovers trainers/*.py); the package resolves their
     # classes by name through the registry.
     init = open(os.path.join(SRC, "trainers", "__init__.py")).read()
-    for module in ("opsd", "sdar", "canopy", "bpo"):
+    for module in ("opsd", "sdar", "canopy", "bpo", "ocsd", "adrs", "pcsd", "grsd", "envrl", "dark_room"):
         assert f"from .{module} import" not in init
     import trl_agents
 
@@ -101,6 +102,13 @@ def test_methods_command_lists_signals_capabilities_and_topology():
     assert "signals: entropy" in blocks["bpo"] and "env capabilities: snapshot" in blocks["bpo"]
     assert "env capabilities: privileged_context" in blocks["sdar"]
     assert "docs/methods/bpo.md" in blocks["bpo"]
+    # the self-distillation and auxiliary-objective methods, with the signals each computes
+    assert "signals: ocsd_residual;" in blocks["ocsd"]
+    for name in ("adrs", "pcsd"):
+        assert "signals: teacher_logprobs, privileged_context;" in blocks[name]
+    assert "signals: teacher_logprobs;" in blocks["grsd"]  # under the group's guidance: no env capability
+    for name in ("envrl", "dark_room"):
+        assert "signals: envrl_examples;" in blocks[name]
 
 
 def test_readme_method_table_lists_every_registered_method():

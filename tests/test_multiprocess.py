@@ -125,10 +125,14 @@ def test_two_processes_train_like_one(case, runs, tiny_model_dir):
     # The same logged losses and metrics (reduced over processes), timings aside.
     logs_one, logs_two = _logs(one), _logs(two)
     assert len(logs_one) == len(logs_two) == 2
+    # With max_tokens_per_forward the loss runs in row chunks, and TRL's per-call means (entropy, KL, clip ratios)
+    # become means over chunks, which hold other rows with one process than with two; the loss, the advantages and
+    # the update are still the same.
+    per_call = ("entropy", "kl", "clip_ratio/") if case == "grpo_token_budget" else ()
     for entry_one, entry_two in zip(logs_one, logs_two, strict=True):
         assert entry_one.keys() == entry_two.keys()
         for key, value in entry_one.items():
-            if not key.endswith(TIMING_KEYS):
+            if not key.endswith(TIMING_KEYS) and not key.startswith(per_call or ("\0",)):
                 assert entry_two[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
     # The same parameters after two optimizer steps (SGD: the update is the gradient, so a gradient normalised

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from datasets import Dataset
+from helpers import train_and_check_moved
 
 from trl_agents.envs import get_env_class, register_env
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
@@ -192,12 +193,7 @@ def train(trainer_class, config_class, tiny_model, tokenizer, tmp_path, **overri
     config = tiny_training_config(config_class, tmp_path / "out", max_turns=2, max_completion_length=4, **overrides)
     trainer = trainer_class(model=tiny_model, args=config, train_dataset=Dataset.from_list(TASKS * 2),
                             processing_class=tokenizer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    assert trainer.state.global_step == 2
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
-    assert changed, "no parameter moved"
-    return trainer, [h for h in trainer.state.log_history if "env/success_rate" in h]
+    return trainer, train_and_check_moved(trainer)
 
 
 @pytest.mark.slow

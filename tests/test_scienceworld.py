@@ -159,7 +159,8 @@ def test_observation_modes_and_simplifications():
 
 def test_check_env_contract():
     report = check_env(ScienceWorld, TASK)
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                           "expert_episode"}
 
 
 @pytest.mark.parametrize(

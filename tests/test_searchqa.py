@@ -130,7 +130,8 @@ def test_check_env_with_expert_plan():
         plan = env.expert_plan()
         assert len(plan) == task["hops"] + 1
         report = check_env(small_env, task, expert_actions=plan)
-        assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+        assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                               "expert_episode"}
 
 
 def test_expert_reaches_exact_match_on_every_split():

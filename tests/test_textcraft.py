@@ -217,7 +217,8 @@ def test_snapshot_restore_and_state_key(env):
 
 def test_check_env_contract():
     report = check_env(TextCraft, {"seed": 42})
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                           "expert_episode"}
 
 
 def test_step_before_reset_and_after_done():

@@ -150,7 +150,8 @@ def test_snapshot_restore_across_games(env):
 
 def test_check_env_contract():
     report = check_env(TextWorld, COIN)
-    assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+    assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                           "expert_episode"}
 
 
 def test_observation_modes(env):

@@ -3,6 +3,7 @@ until they carry signal; branching forks from snapshots share their prefix (gene
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -374,3 +375,23 @@ def test_random_branch_points_change_from_one_rollout_to_the_next():
         topology.begin([{}], 1)
         chosen.append(topology.branch_steps(backbone)[0])
     assert len(set(chosen)) > 1
+
+
+def test_each_step_records_the_observation_that_followed_it(tokenizer, scripted):
+    # o_{t+1} of a transition (s_t, a_t, o_{t+1}): the next step's observation while the episode goes on, the
+    # terminal observation after its last step; it survives the rows round trip.
+    golden = json.load(open(GOLDEN))["frozenlake_step"]
+    settings = golden["settings"]
+    engine = RolloutEngine(
+        scripted(golden_policy), PromptRenderer(tokenizer, history_length=settings["history"]),
+        max_turns=settings["max_turns"], sampling=SamplingParams(max_new_tokens=8), row_format=settings["row_format"],
+    )
+    batch = engine.run(settings["tasks"], num_generations=settings["G"])
+    for trajectory in batch.trajectories:
+        steps = trajectory.steps
+        assert steps and all(isinstance(step.next_observation, str) for step in steps)
+        for step, following in itertools.pairwise(steps):
+            assert step.next_observation == following.observation
+    rebuilt = RolloutBatch.from_rows(batch.to_rows())
+    assert [s.next_observation for t in rebuilt.trajectories for s in t.steps] == [
+        s.next_observation for t in batch.trajectories for s in t.steps]

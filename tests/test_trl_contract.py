@@ -174,3 +174,11 @@ def test_compute_loss_takes_per_token_advantages_and_the_env_mask(trainer):
     # (B,) advantages are broadcast by TRL; (B, T) are used as they are.
     scalar = dict(inputs, advantages=torch.tensor([1.0, 3.0]))
     assert trainer._compute_loss(trainer.model, scalar).item() == pytest.approx(-(1 + 1 + 3) / 3, abs=1e-5)
+
+
+def test_the_entropy_bonus_is_read_from_the_trainer_on_every_loss():
+    # ADRS (trainers/adrs.py) schedules TRL's entropy bonus by setting `trainer.entropy_coef` between steps: the loss
+    # must read the attribute each time (not a copy taken at init), and add the bonus only when it started non-zero.
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "self.entropy_coef" in source and "self._entropy_bonus_enabled" in source
+    assert "self._entropy_bonus_enabled = self.entropy_coef != 0.0" in inspect.getsource(GRPOTrainer.__init__)

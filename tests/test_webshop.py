@@ -134,7 +134,8 @@ def test_check_env_with_expert_plan():
         env.reset({"seed": seed})
         plan = env.expert_plan()
         report = check_env(small_env, {"seed": seed}, expert_actions=plan)
-        assert set(report) == {"determinism", "bad_action", "info_keys", "snapshot_restore", "expert_episode"}
+        assert set(report) == {"step_outputs", "determinism", "bad_action", "info_keys", "snapshot_restore",
+                               "expert_episode"}
 
 
 def test_expert_plan_reaches_reward_one():

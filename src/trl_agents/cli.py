@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -41,8 +42,18 @@ def _method_of(argv: list[str]) -> str:
 
     method = None
     if "--config" in argv:
-        with open(argv[argv.index("--config") + 1]) as handle:
-            method = (yaml.safe_load(handle) or {}).get("method")
+        path = argv[argv.index("--config") + 1]
+        with open(path) as handle:
+            try:
+                loaded = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as err:
+                mark = getattr(err, "problem_mark", None)
+                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+                raise ValueError(f"the config file {path} is not valid YAML:{where}: {problem}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"the config file {path} must be a mapping of keys to values, got a {type(loaded).__name__}")
+        method = loaded.get("method")
     if "--method" in argv:
         method = argv[argv.index("--method") + 1]
     return method or "grpo"
@@ -62,10 +73,37 @@ def train(argv: list[str]) -> dict[str, Any]:
     if config_path is None or not os.path.isfile(config_path):
         raise SystemExit(f"trl-agents train: config file not found: {config_path}")
     method = get_method(_method_of(argv))
-    parser = TrlParser((RunArguments, method.config_class, ModelConfig), prog="trl-agents train")
+    parser = _quiet(TrlParser)((RunArguments, method.config_class, ModelConfig), prog="trl-agents train")
     parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator); YAML/CLI still win
+    _check_keys(parser, argv, config_path)
     run_args, config, model_args = parser.parse_args_and_config(argv)
     return run_training(run_args, config, model_args)
+
+
+def _quiet(parser_class):
+    """`parser_class` whose errors are one line (argparse prints the whole usage first: 240 lines for train)."""
+
+    class Quiet(parser_class):
+        def error(self, message):
+            self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+    return Quiet
+
+
+def _check_keys(parser, argv: list[str], config_path: str) -> None:
+    """Unknown keys, in the YAML file or on the command line, as a one-line error proposing the closest known key
+    (TRL's own message proposes `fail_with_unknown_args=False`, which the command line cannot set)."""
+    import yaml
+
+    from .names import did_you_mean
+
+    known = {action.dest for action in parser._actions} | {"config", "env"}  # `env:` sets environment variables
+    with open(config_path) as handle:
+        keys = [(key, f"the config file {config_path}") for key in (yaml.safe_load(handle) or {})]
+    keys += [(arg[2:].split("=", 1)[0].replace("-", "_"), "the command line") for arg in argv if arg.startswith("--")]
+    for key, where in keys:
+        if key not in known:
+            raise ValueError(f"unknown key {key!r} in {where}.{did_you_mean(key, sorted(known))}")
 
 
 @dataclass
@@ -106,6 +144,11 @@ class EvalArguments:
     output_file: str | None = field(
         default=None, metadata={"help": "Also write the results here as JSON (one mode: its result; several: a list)."}
     )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Replace an evaluation record of the same name in the run directory (e.g. the one training "
+        "wrote). By default both are kept: this one gets the next free name, `{name}-2`, `{name}-3`, ..."},
+    )
     progress: bool = field(default=True, metadata={"help": "Show a live progress bar of the episodes on stderr."})
     env_backend: str = field(
         default="thread", metadata={"help": "Where environments run: 'thread', 'process' or 'ray' (see training)."}
@@ -133,12 +176,13 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-    from .evaluation import evaluate_policy, to_eval_result, write_eval_result
+    from .evaluation import EVAL_DIR, evaluate_policy, free_eval_name, to_eval_result, write_eval_result
     from .rollout import EnvPool
     from .rollout.env_pool import check_execution_settings
     from .trainers.agent_grpo import ENV_EXECUTION_FIELDS, as_dict, load_agent_config
 
-    (args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(argv)
+    (args,) = _quiet(HfArgumentParser)(EvalArguments, prog="trl-agents eval").parse_args_into_dataclasses(argv)
+    _check_model_path(args.model_name_or_path)
     check_execution_settings(args.env_backend, args.env_workers, args.env_step_timeout, None, None, ENV_EXECUTION_FIELDS)
     modes = args.modes or ["greedy" if args.greedy else "sampled"]
     unknown = sorted(set(modes) - set(EVAL_MODES))
@@ -157,7 +201,11 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
         raise SystemExit("trl-agents eval: set --env_name (the checkpoint has no agent_config.json to read it from)")
     env_kwargs = as_dict(args.env_kwargs, "env_kwargs") if args.env_kwargs else trained.get("env_kwargs")
     run_dir = args.output_dir or (args.model_name_or_path if os.path.isdir(args.model_name_or_path) else None)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
+    except OSError as err:  # a Hub id that cannot be fetched (offline, private, misspelled)
+        raise ValueError(f"cannot load a tokenizer from --model_name_or_path {args.model_name_or_path!r}: "
+                         f"{str(err).splitlines()[0]}") from None
     if args.vllm_server_url:
         from .rollout.vllm import VLLMClientGenerator
 
@@ -198,7 +246,12 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
             )
             results.append(result)
             if run_dir is not None:
-                path = write_eval_result(run_dir, to_eval_result(result, model=args.model_name_or_path))
+                record = to_eval_result(result, model=args.model_name_or_path)
+                taken = os.path.join(run_dir, EVAL_DIR, f"{record['name']}.json")
+                if os.path.isfile(taken) and not args.overwrite:
+                    record["name"] = free_eval_name(run_dir, record["name"])
+                    print(f"[trl-agents] kept the earlier {taken} (--overwrite true replaces it)", file=sys.stderr)
+                path = write_eval_result(run_dir, record)
                 print(f"[trl-agents] {mode} evaluation written to {path}", file=sys.stderr)
     finally:
         env_pool.close()
@@ -208,6 +261,14 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
         with open(args.output_file, "w") as handle:
             json.dump(output, handle, indent=2)
     return output
+
+
+def _check_model_path(name: str) -> None:
+    """A one-line error for a local path that does not exist, before anything asks for the environment. A name
+    shaped like a Hub id (`name` or `org/name`) that is not a local folder is left to the Hub."""
+    hub_id = re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", name) is not None
+    if not hub_id and not os.path.exists(os.path.expanduser(name)):
+        raise ValueError(f"--model_name_or_path {name!r}: no such directory (pass a checkpoint folder or a Hub model id)")
 
 
 def push(argv: list[str]) -> dict[str, str | None]:
@@ -322,6 +383,11 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     try:
         if command == "methods":
+            argparse.ArgumentParser(
+                prog="trl-agents methods",
+                description="List every registered method: trainer, paper, hook, inputs, signals, topology, required "
+                "environment capabilities and docs page.",
+            ).parse_args(rest)
             commands[command]()
         else:
             commands[command](rest)

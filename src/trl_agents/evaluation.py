@@ -238,6 +238,21 @@ def write_eval_result(run_dir: str | os.PathLike, result: dict[str, Any]) -> str
     return atomic_write(os.path.join(os.fspath(run_dir), EVAL_DIR, f"{name}.json"), json.dumps(result, indent=2))
 
 
+def free_eval_name(run_dir: str | os.PathLike, name: str) -> str:
+    """`name` if the run has no evaluation record of that name, else the first free `{name}-2`, `{name}-3`, ...
+
+    >>> import tempfile
+    >>> free_eval_name(tempfile.mkdtemp(), "frozenlake-eval-greedy")
+    'frozenlake-eval-greedy'
+    """
+    taken = {os.path.basename(path)[: -len(".json")] for path in eval_result_paths(run_dir)}
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
+
+
 def eval_result_paths(run_dir: str | os.PathLike) -> list[str]:
     """The evaluation record files of a run, `run_dir/eval/*.json`, sorted by name ([] when there is none);
     hidden files (the temporary ones of unfinished writes) are left out."""

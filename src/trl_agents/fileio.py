@@ -21,12 +21,13 @@ def atomic_write(
     data: str | bytes | Callable[[BinaryIO], None],
     *,
     fsync: bool = True,
-    concurrent: bool = False,
 ) -> str:
     """Write `data` to `path` through a hidden temporary file in the same folder, renamed over `path` when complete.
 
-    The temporary file is `.{name}.tmp` (hidden, so listings of finished files skip it); a process killed mid-write
-    leaves it behind, never a truncated `path`. The folder is created when missing.
+    The temporary file is `.{name}.{pid}.{thread}.tmp`: hidden, so listings of finished files skip it, and the
+    writer's own, so several processes or threads may write one path at once (two runs sharing an output_dir, a shared
+    cache) and the last rename wins. A process killed mid-write leaves it behind, never a truncated `path`. The
+    folder is created when missing.
 
     Args:
         path: The file to write (replaced when it exists).
@@ -34,8 +35,6 @@ def atomic_write(
             stream (e.g. `lambda handle: pq.write_table(table, handle)`).
         fsync: Sync the file to disk before the rename and the folder after it, so the write also survives a power
             loss, not only a crash of the process.
-        concurrent: Several processes or threads may write this same path at once (e.g. a shared cache): each then
-            writes its own temporary file, `.{name}.{pid}.{thread}.tmp`, and the last rename wins.
 
     Returns:
         `path`, as a string.
@@ -44,8 +43,7 @@ def atomic_write(
     directory, name = os.path.split(path)
     directory = directory or "."
     os.makedirs(directory, exist_ok=True)
-    suffix = f".{os.getpid()}.{threading.get_ident()}.tmp" if concurrent else ".tmp"
-    temporary = os.path.join(directory, f".{name}{suffix}")
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(temporary, "wb") as handle:
         if callable(data):
             data(handle)

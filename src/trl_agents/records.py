@@ -29,6 +29,7 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `parent_id` | string? | Tree topologies: the `branch_id` this episode forked from (null for a root or no branching). |
 | `fork_step` | int64 | Tree topologies: the episode's first own step; its steps before it are its parent's rows (recorded once). 0 otherwise. |
 | `observation` | string | The observation shown right before the action (without history). |
+| `next_observation` | string? | The observation the environment returned after the action (the next row's `observation`, or the terminal one after the last step); null for a failed step. |
 | `action_text` | string | The decoded model output of the turn. |
 | `action` | string | The action as the environment understood it: its `info["action"]` when it reports one, else the action region of the reply, normalised (`credit.base.canonical_action`). |
 | `reward` | float64 | Environment reward of the step. |
@@ -50,8 +51,9 @@ An episode is the rows sharing `episode_uid` (and `run_id`), ordered by `step`; 
 `prompt_ids`, `action_ids`, `action_logprobs` and `env_ids` are for replay (`sft_examples` rebuilds training rows
 from them token for token, so the replayed model must use the recording policy's tokenizer); the text columns, rewards
 and advantages are for analysis. `RolloutBatch.from_rows` rebuilds the `Group`s and `Trajectory`s of one rollout.
-After a crash and a resume from the last checkpoint, the rollouts between that checkpoint and the crash appear twice
-(same `global_step`, higher `rollout`): nothing written is ever replaced.
+After a crash, `train(resume_from_checkpoint=...)` continues at the checkpoint's step: the shards of rollouts generated
+after it (`global_step` ≥ the checkpoint's) are moved, unread, into `trajectories/superseded/resume-...`
+(`supersede_shards`; kept, never deleted), so the dataset holds every step once, as an uninterrupted run would.
 
 Example:
     >>> import os, tempfile
@@ -77,6 +79,7 @@ import json
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,7 +100,7 @@ TRAJECTORIES_DIR = "trajectories"
 DEFAULT_ROLE = "agent"
 SHARD_PATTERN = re.compile(r"^shard-(\d{6,})-rank(\d{2,})\.parquet$")
 # The temporary name `atomic_write` gives a shard while writing it; one left behind is an interrupted write.
-TEMPORARY_PATTERN = re.compile(r"^\.shard-(\d{6,})-rank(\d{2,})\.parquet\.tmp$")
+TEMPORARY_PATTERN = re.compile(r"^\.shard-(\d{6,})-rank(\d{2,})\.parquet(?:\.\d+\.\d+)?\.tmp$")
 
 _string, _int, _float, _bool = Value("string"), Value("int64"), Value("float64"), Value("bool")
 TRAJECTORY_FEATURES = Features(
@@ -121,6 +124,7 @@ TRAJECTORY_FEATURES = Features(
         "parent_id": _string,
         "fork_step": _int,
         "observation": _string,
+        "next_observation": _string,
         "action_text": _string,
         "action": _string,
         "reward": _float,
@@ -175,12 +179,21 @@ def build_run_info(trainer) -> dict[str, Any]:
     }
 
 
+UNHASHED_FIELDS = ("resume_from_checkpoint",)
+"""Config fields that say how a run is started, not what it computes: left out of `config_hash`, so a resumed run
+keeps its hash."""
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
-    """First 16 hex digits of the sha256 of the canonical JSON (sorted keys, no spaces) of a config dict.
+    """First 16 hex digits of the sha256 of the canonical JSON (sorted keys, no spaces) of a config dict, without the
+    `UNHASHED_FIELDS`.
 
     >>> config_hash({"b": 1, "a": [2.0, None]}) == config_hash({"a": [2.0, None], "b": 1})
     True
+    >>> config_hash({"a": 1, "resume_from_checkpoint": "out/checkpoint-3"}) == config_hash({"a": 1})
+    True
     """
+    config = {key: value for key, value in config.items() if key not in UNHASHED_FIELDS}
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -260,7 +273,7 @@ def _base_model(trainer) -> str | None:
 class TrajectoryWriter:
     """Append rollouts to a trajectory dataset on disk, one parquet shard per rollout, crash-safe.
 
-    Each shard is written to `.{name}.tmp` in the same directory, synced to disk, then atomically renamed to
+    Each shard is written to a hidden `.{name}.{pid}.{thread}.tmp` in the same directory, synced to disk, then atomically renamed to
     `shard-{rollout:06d}-rank{rank:02d}.parquet` (`fileio.atomic_write`). On creation, the writer removes this rank's
     temporary files left by a crash and numbers its shards after the highest existing one of its rank, so a resumed
     run never overwrites what an earlier one wrote.
@@ -362,6 +375,41 @@ class TrajectoryWriter:
             "global_step": global_step,
         }
         return [{**common, **row} for row in batch.to_rows(extra, skip_signals=self.unrecorded_signals)]
+
+
+def supersede_shards(directory: str, global_step: int) -> list[str]:
+    """Move the shards of rollouts generated at `global_step` or later out of the dataset, into a new folder
+    `directory/superseded/resume-{global_step}-{time}/` (kept, not deleted), and remove interrupted writes; return
+    the moved paths. A run resumed from the checkpoint of step `global_step` generates those rollouts again, so
+    leaving them would record their steps twice.
+
+    >>> import tempfile
+    >>> supersede_shards(tempfile.mkdtemp(), 3)
+    []
+    """
+    if not os.path.isdir(directory):
+        return []
+    for name in os.listdir(directory):
+        if TEMPORARY_PATTERN.match(name):
+            os.remove(os.path.join(directory, name))
+    later = []
+    for path in shard_files(directory):
+        steps = pq.read_table(path, columns=["global_step"]).column("global_step").to_pylist()
+        if steps and max(steps) >= global_step:
+            later.append(path)
+    if not later:
+        return []
+    target = os.path.join(directory, "superseded", f"resume-{global_step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(target, exist_ok=True)
+    moved = []
+    for path in later:
+        moved.append(os.path.join(target, os.path.basename(path)))
+        os.replace(path, moved[-1])
+    logger.warning(
+        "Resuming at step %d: moved %d trajectory shard(s) of rollouts generated after that checkpoint to %s (the "
+        "resumed run generates them again).", global_step, len(moved), target
+    )
+    return moved
 
 
 def shard_files(directory: str) -> list[str]:

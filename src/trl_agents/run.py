@@ -38,13 +38,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .callbacks import TimeBudgetCallback
+from .callbacks.console import use_compact_console
 from .envs import get_env_class
 from .evaluation import evaluate_policy, to_eval_result, write_eval_result
 from .fileio import atomic_write
 from .trainers import get_method
-from .trainers.agent_grpo import as_dict
+from .trainers.agent_grpo import as_dict, resolve_checkpoint
 
 logger = logging.getLogger(__name__)
+
+EVAL_BEFORE_RL = "eval_before_rl.json"
+"""The held-out evaluation before RL, written when it runs: a resumed run reports it instead of evaluating again."""
 
 
 @dataclass
@@ -107,6 +111,11 @@ class RunArguments:
     time_budget: float | None = field(
         default=None, metadata={"help": "Stop RL after this many seconds of training (None = max_steps/epochs)."}
     )
+    compact_console: bool = field(
+        default=True,
+        metadata={"help": "Print one short line per logging step (step, success, return, loss, step time) instead of "
+        "the whole metrics dict; every metric still goes to `report_to` and metrics.json."},
+    )
 
 
 def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
@@ -125,19 +134,35 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
             "--warm_start_steps to the number of SFT steps to run on it."
         )
     env_cls = get_env_class(config.env_name)
-    os.makedirs(config.output_dir, exist_ok=True)
+    if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+        raise ValueError(f"output_dir {config.output_dir!r} is a file: choose a folder for the run's outputs")
     set_seed(config.seed)
     # TrainingArguments joins the processes of `accelerate launch` lazily, on first use of its device: do it now, so
     # that `process_index` and `main_process_first` below see them.
     _ = config.device
 
+    # Resuming (`--resume_from_checkpoint PATH`, or `true` for the last checkpoint of output_dir) continues the run
+    # at the checkpoint's step: no second warm start (the checkpoint holds the weights), the first evaluation is the
+    # one the run recorded.
+    checkpoint = resolve_checkpoint(config.resume_from_checkpoint, config.output_dir)
     train_tasks = env_cls.task_split(run.train_split, run.num_train_tasks, **config.env_kwargs)
     eval_tasks = env_cls.task_split(run.eval_split, run.num_eval_tasks, **config.env_kwargs)
+    if not train_tasks:
+        raise ValueError(
+            f"the training split {run.train_split!r} of {config.env_name!r} has no tasks (num_train_tasks="
+            f"{run.num_train_tasks}): choose another train_split or a positive num_train_tasks"
+        )
+    os.makedirs(config.output_dir, exist_ok=True)  # (only once the settings are known to be good)
     model, tokenizer, model_ref = _load_model(run, config, model_args)
 
     results: dict[str, Any] = {"method": run.method, "env": config.env_name, "seed": config.seed}
     metrics: dict[str, Any] = {}
-    if run.warm_start_steps > 0:
+    warm_started = os.path.join(config.output_dir, "warm-start")
+    if checkpoint is not None and run.warm_start_steps > 0 and os.path.isdir(warm_started):
+        model_ref = warm_started  # the architecture and tokenizer the checkpoint was trained from
+        if config.process_index == 0:
+            print(f"[trl-agents] resuming from {checkpoint}: warm start skipped")
+    elif run.warm_start_steps > 0:
         model_ref, metrics["warm_start"] = _warm_start(run, config, model, tokenizer, train_tasks)
     del model  # the trainer loads the model from `model_ref` (a path or Hub id) onto its device
 
@@ -151,13 +176,22 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
         callbacks=callbacks,
         peft_config=_peft_config(model_args),
     )
+    if run.compact_console:
+        use_compact_console(trainer)
     evaluate = _evaluator(run, config, tokenizer, eval_tasks)
-    results["eval_before_rl"] = evaluate(trainer.model)
     main_process = config.process_index == 0
+    before_path = os.path.join(config.output_dir, EVAL_BEFORE_RL)
+    if checkpoint is not None and os.path.isfile(before_path):
+        with open(before_path) as handle:
+            results["eval_before_rl"] = json.load(handle)
+    else:
+        results["eval_before_rl"] = evaluate(trainer.model)
+        if main_process:  # kept for a resumed run, which starts from a checkpoint, not from this model
+            atomic_write(before_path, json.dumps(results["eval_before_rl"], indent=2, default=str))
     if main_process:
         _print_eval("after warm start" if run.warm_start_steps > 0 else "before RL", results["eval_before_rl"])
     rl_started = time.monotonic()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=checkpoint)
     results["rl_seconds"] = time.monotonic() - rl_started
     results["rl_steps"] = trainer.state.global_step
     results["eval_after_rl"] = evaluate(trainer.model)

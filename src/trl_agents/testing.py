@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from .envs import AgentEnv, register_env
+
 PAD_TOKEN = "<|endoftext|>"
 BOS_TURN_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
@@ -179,3 +181,133 @@ def tiny_training_config(config_class, output_dir, **overrides):
         (2, 2, 4)
     """
     return config_class(output_dir=str(output_dir), **{**TINY_TRAINING_SETTINGS, **overrides})
+
+
+# ---- an environment that misbehaves on purpose (the fault matrix: tests/test_faults.py, benchmarks/faults.py) ----
+
+FAULTS = ("raise", "hang", "exit", "nan_reward", "inf_reward", "str_reward", "none_observation", "list_info",
+          "int_done")
+"""What `FaultyEnv` does at its faulty step: raise, hang (until the pool's timeout), end its process (`exit`: kills a
+`process`/`ray` worker; the trainer itself on the thread backend), or return outputs that break the env contract."""
+
+
+@register_env
+class FaultyEnv(AgentEnv):
+    """A 3-turn toy task (reward 1 for an answer with the letter "a") whose task row may ask for a fault: `fault`
+    (one of `FAULTS`) at turn `fault_step` (default 1) of the first episode that claims the task's `marker` file
+    (created atomically: one episode per task and marker, on any backend, in any process).
+
+    Example:
+        >>> import os, tempfile
+        >>> marker = os.path.join(tempfile.mkdtemp(), "m")
+        >>> env = FaultyEnv()
+        >>> env.reset({"seed": 0, "fault": "nan_reward", "marker": marker})
+        'Round 0 of task 0.'
+        >>> env.step("a")[1], env.step("a")[1]  # turn 0 is fine; turn 1 claims the marker
+        (1.0, nan)
+    """
+
+    name = "test-faulty"
+    instructions = "Say something with the letter a."
+    task_keys = ("seed",)
+
+    def reset(self, task):
+        self.seed, self.turn = task["seed"], 0
+        self.fault, self.fault_step, self.marker = task.get("fault"), task.get("fault_step", 1), task.get("marker")
+        return f"Round 0 of task {self.seed}."
+
+    def step(self, action_text):
+        outputs = {"observation": f"Round {self.turn + 1} of task {self.seed}.",
+                   "reward": 1.0 if "a" in action_text else 0.0, "done": self.turn + 1 >= 3}
+        outputs["info"] = {"valid": True, "success": outputs["done"] and outputs["reward"] > 0}
+        if self.fault and self.turn == self.fault_step and self._claim():
+            outputs = self._misbehave(outputs)
+        self.turn += 1
+        return outputs["observation"], outputs["reward"], outputs["done"], outputs["info"]
+
+    def _claim(self) -> bool:
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
+
+    def _misbehave(self, outputs):
+        import time
+
+        if self.fault == "raise":
+            raise RuntimeError("injected fault")
+        if self.fault == "hang":
+            time.sleep(3600)
+        if self.fault == "exit":
+            os._exit(7)
+        slot, value = {
+            "nan_reward": ("reward", float("nan")), "inf_reward": ("reward", float("inf")),
+            "str_reward": ("reward", "1.0"), "none_observation": ("observation", None),
+            "list_info": ("info", ["valid"]), "int_done": ("done", 1),
+        }[self.fault]
+        return {**outputs, slot: value}
+
+    def state_key(self):
+        return (self.seed, self.turn)
+
+
+
+
+def run_fault_case(fault: str, backend: str, output_dir, model, tokenizer, *, num_tasks: int = 4,
+                   step_timeout: float | None = 2.0, max_steps: int = 2) -> dict:
+    """Train `max_steps` steps of GRPO on `FaultyEnv` tasks whose first episode misbehaves with `fault` (one episode
+    per task, in the first rollout), on the env `backend`; return the accounting of the fault matrix.
+
+    Returns:
+        {"faults": faults injected (markers claimed), "failed_episodes": episodes recorded with an error,
+        "completed": whether training ran all its steps, "expected_episodes" / "recorded_episodes": episodes the
+        rollouts played and those the trajectory records hold, "rows_lost": their difference (must be 0),
+        "errors": the distinct error messages, "steps_with_nothing_to_train": steps whose rollout left no row to
+        train (every group of the faulty rollout keeps one healthy episode: below `min_healthy_episodes`), "error":
+        the exception that stopped training, if any}.
+    """
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    from .records import load_trajectories
+    from .trainers import AgentGRPOConfig, AgentGRPOTrainer
+
+    output_dir = str(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    markers = [os.path.join(output_dir, f"marker-{i}") for i in range(num_tasks)]
+    tasks = [{"env": "test-faulty", "seed": i, "fault": fault, "marker": markers[i]} for i in range(num_tasks)]
+    config = tiny_training_config(
+        AgentGRPOConfig, os.path.join(output_dir, "run"), env_name="test-faulty", max_steps=max_steps, max_turns=3,
+        per_device_train_batch_size=2 * num_tasks, num_generations=2, max_completion_length=4,
+        # "inline": the thread backend with one worker and no timeout, whose calls run on the training thread
+        env_backend="thread" if backend == "inline" else backend, env_workers=1,
+        env_step_timeout=None if backend == "inline" else step_timeout,
+    )
+    trainer = AgentGRPOTrainer(model=model, args=config, train_dataset=Dataset.from_list(tasks),
+                               processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # the matrix reports its own numbers
+    error = None
+    try:
+        trainer.train()
+    except Exception as err:  # noqa: BLE001 — reported in the matrix, not raised
+        error = f"{type(err).__name__}: {err}"
+    finally:
+        trainer.env_pool.close()
+    rows = load_trajectories(config.output_dir).to_list() if os.path.isdir(
+        os.path.join(config.output_dir, "trajectories")) else []
+    episodes = {(row["rollout"], row["episode_uid"]) for row in rows}
+    logs = [entry for entry in trainer.state.log_history if "train_rows" in entry]
+    failed = {(row["rollout"], row["episode_uid"]) for row in rows if row["error"]}
+    expected = trainer.state.global_step * 2 * num_tasks if error is None else len(episodes)
+    return {
+        "faults": sum(os.path.exists(marker) for marker in markers),
+        "failed_episodes": len(failed),
+        "completed": error is None and trainer.state.global_step == max_steps,
+        "expected_episodes": expected,
+        "recorded_episodes": len(episodes),
+        "rows_lost": expected - len(episodes),
+        "errors": sorted({row["error"] for row in rows if row["error"]}),
+        "steps_with_nothing_to_train": sum(entry["train_rows"] == 0 for entry in logs),
+        "error": error,
+    }

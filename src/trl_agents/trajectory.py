@@ -50,6 +50,10 @@ class Step:
             written to the trajectory records (`signals` column).
         prompt_parts: What the step prompt was rendered from (system, task, history window, observation), so that
             a privileged view can render the same prompt with extra text for a teacher (never serialised).
+        next_observation: The observation the environment returned after this action, o_{t+1}: the next step's
+            `observation` when the episode goes on, the terminal observation after the last step. None when the step
+            failed (or for records written before this column existed). Methods that learn from transitions
+            (s_t, a_t, o_{t+1}) read it.
     """
 
     observation: str
@@ -66,6 +70,7 @@ class Step:
     snapshot: Any = None
     signals: dict[str, Any] = field(default_factory=dict)
     prompt_parts: PromptParts | None = None
+    next_observation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,7 @@ ROW_COLUMNS = (
     "episode_id",
     "step",
     "observation",
+    "next_observation",
     "action_text",
     "prompt_ids",
     "action_ids",
@@ -278,6 +284,7 @@ class RolloutBatch:
                             **common,
                             "step": index,
                             "observation": step.observation,
+                            "next_observation": step.next_observation,
                             "action_text": step.action_text,
                             "prompt_ids": list(step.prompt_ids),
                             "action_ids": list(step.action_ids),
@@ -326,6 +333,7 @@ class RolloutBatch:
             trajectories[key].steps.append(
                 Step(
                     observation=row["observation"],
+                    next_observation=row.get("next_observation"),
                     action_text=row["action_text"],
                     prompt_ids=list(row["prompt_ids"]),
                     action_ids=list(row["action_ids"]),
@@ -380,6 +388,7 @@ def _empty_step_columns() -> dict[str, Any]:
     return {
         "step": -1,
         "observation": "",
+        "next_observation": None,
         "action_text": "",
         "prompt_ids": [],
         "action_ids": [],

@@ -12,7 +12,8 @@ fixed point is the construction of the related CRBC paper (Eq. 5-14). Per group,
     A^B_{i,t} = Σ_{l≥0} (βλ)^l δ_{i,t+l}                                                              step 5 GAE
     g(s)      = 1[ |{x : N(s→x) > 0}| ≥ 2 ]   (z⁺, z⁻ count; or ≥ 2 canonical actions, CRBC Eq. 13)  step 6 gate
     w(s)      = min(1, N(s)/n₀)               (or w ≡ 1)                                              step 7 mixing
-    A_{i,t}   = A^GRPO_i + g(s)·w(s)·A^B_{i,t}/(σ_B + ε),  σ_B = std of A^B over the gated rows       step 7 fusion
+    A_{i,t}   = A^GRPO_i + g(s)·w(s)·A^B_{i,t}/(max(σ_B, σ_min) + ε)                                  step 7 fusion
+                σ_B = std of A^B over the gated rows of the batch (or of the group), σ_min = 1 (a floor)
 
 The system is always well posed, cycles included: every anchor lies on an observed trajectory, and every trajectory
 ends in z⁺ or z⁻, so from every anchor the absorbing exits are reachable and βM has spectral radius < 1 (also at
@@ -21,6 +22,12 @@ group whose states never repeat gets GRPO exactly; a group without rewards (or w
 states) has δ = 0 everywhere and gets A^GRPO (0 plus the invalid-action penalty).
 `r` is the environment reward of the step (with terminal-only rewards the last step's r is the episode return R_i);
 the invalid-action penalty enters once, through A^GRPO, never the graph (our choice; docs/methods/bepo.md#our-choices).
+
+The floor σ_min guards step 7 (ours): with a few nearly equal gated rows σ_B is tiny, and dividing by it turns a
+Bellman credit of −0.38 into an advantage of −35 (the trajectory s0 (r=2) → s1 (−1) → s0 (1) → s1 (0) of
+docs/methods/bepo.md#our-choices: two gated rows, σ_B = 0.0055). With σ_min = 1 the normalisation only ever shrinks
+the Bellman credit (to unit spread), never amplifies it. `bepo_batch_advantages` takes σ_B over the whole batch, as
+the paper's text says.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from .grpo import grpo_advantages
 
 GATES = ("successors", "actions", "none")
 MIXINGS = ("visits", "fixed")
-BELLMAN_NORMS = ("std", "none")
+BELLMAN_NORMS = ("batch_std", "std", "none")
+"""Scale of the Bellman credit: σ_B over the gated rows of the batch (`bepo_batch_advantages`), of each group, or 1."""
 
 SUCCESS_EXIT, FAILURE_EXIT = -1, -2
 """Successor indices of the absorbing nodes z⁺ and z⁻ (anchors are numbered 0..K−1)."""
@@ -203,6 +211,7 @@ def bepo_advantages(
     mixing: str = "visits",
     n0: float = 4.0,
     bellman_norm: str = "std",
+    std_floor: float = 1.0,
     episode_scale: str = "group",
     episode_statistic: str = "trajectories",
     anchor: str = "state_key",
@@ -215,15 +224,17 @@ def bepo_advantages(
 
     See `bepo_advantages_with_stats` for the arguments; this returns only the advantages.
 
-    Example (the toy group of docs/methods/bepo.md, β = λ = 1; the gate of s2 is closed, so C's last step keeps
-    A^GRPO):
+    Example (the toy group of docs/methods/bepo.md, β = λ = 1, the bare σ_B = √(5/18) without the floor; the gate of
+    s2 is closed, so C's last step keeps A^GRPO):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(second_state, reward):
         ...     steps = [Step("s0", "a"), Step(second_state, "b", reward=reward)]
         ...     return Trajectory(task={}, steps=steps, success=reward > 0)
         >>> group = Group(task={}, trajectories=[episode(*c) for c in [("s1", 1), ("s1", 0), ("s2", 0), ("s1", 1)]])
-        >>> [[round(a, 4) for a in row] for row in bepo_advantages(group, gamma=1.0, lam=1.0)]
+        >>> [[round(a, 4) for a in row] for row in bepo_advantages(group, gamma=1.0, lam=1.0, std_floor=0.0)]
         [[1.8146, 1.3402], [-1.8146, -1.8146], [-1.8146, -0.8659], [1.8146, 1.3402]]
+        >>> [[round(a, 4) for a in row] for row in bepo_advantages(group, gamma=1.0, lam=1.0)]  # σ_min = 1 > σ_B
+        [[1.3659, 1.1159], [-1.3659, -1.3659], [-1.3659, -0.8659], [1.3659, 1.1159]]
     """
     advantages, _ = bepo_advantages_with_stats(
         group,
@@ -233,6 +244,7 @@ def bepo_advantages(
         mixing=mixing,
         n0=n0,
         bellman_norm=bellman_norm,
+        std_floor=std_floor,
         episode_scale=episode_scale,
         episode_statistic=episode_statistic,
         anchor=anchor,
@@ -253,6 +265,8 @@ def bepo_advantages_with_stats(
     mixing: str = "visits",
     n0: float = 4.0,
     bellman_norm: str = "std",
+    std_floor: float = 1.0,
+    bellman_sigma: float | None = None,
     episode_scale: str = "group",
     episode_statistic: str = "trajectories",
     anchor: str = "state_key",
@@ -274,8 +288,13 @@ def bepo_advantages_with_stats(
             "+fixed-point credit" ablation).
         mixing: "visits": w = min(1, N(s)/n0) (our choice, step 7 [D] "adaptive mixing"); "fixed": w = 1.
         n0: Visits at which the Bellman credit gets full weight (our choice 4, step 7 [D]).
-        bellman_norm: "std": A^B divided by (σ_B + ε), σ_B the Bessel std of A^B over the gated rows of the group
-            (our choice, step 7 [D]: a "batch" std, taken per group; docs/methods/bepo.md#our-choices); "none".
+        bellman_norm: "batch_std": A^B divided by (max(σ_B, std_floor) + ε), σ_B = `bellman_sigma`, the Bessel std
+            of A^B over the gated rows of the whole batch (`bepo_batch_advantages` computes it; without it, this
+            group's); "std": the same with σ_B over this group's gated rows; "none": no division. Our choice,
+            step 7 [D]; docs/methods/bepo.md#our-choices.
+        std_floor: σ_min ≥ 0, the least σ_B divided by (our choice 1.0: the normalisation never amplifies the
+            Bellman credit; 0 = the bare std, which blows up over a few nearly equal gated rows).
+        bellman_sigma: σ_B of the batch for `bellman_norm="batch_std"`.
         episode_scale, episode_statistic: A^GRPO, as `grpo_advantages(scale=..., statistic=...)`.
         anchor, similarity_threshold: What identifies a graph node, as in `gigpo_advantages`.
         merge_invalid_actions: Treat every rejected action as one canonical action (only `gate="actions"` reads
@@ -285,41 +304,89 @@ def bepo_advantages_with_stats(
 
     Returns:
         (advantages, stats): one list per trajectory with one advantage per step, and {"num_states": graph nodes
-        besides z⁺/z⁻, "gated_row_fraction": fraction of the step rows whose gate is open, "bellman_std": σ_B (0 when
-        no row is gated)}; all 0 for a group without steps.
+        besides z⁺/z⁻, "gated_row_fraction": fraction of the step rows whose gate is open, "bellman_std": the σ_B
+        divided by (before the floor; 0 when no row is gated)}; all 0 for a group without steps.
     """
+    parts = bepo_parts(
+        group, gamma=gamma, lam=lam, gate=gate, episode_scale=episode_scale, episode_statistic=episode_statistic,
+        anchor=anchor, similarity_threshold=similarity_threshold, merge_invalid_actions=merge_invalid_actions,
+        invalid_penalty=invalid_penalty,
+    )
+    if bellman_norm == "batch_std" and bellman_sigma is None:
+        bellman_sigma = mean_std(parts.gated_values())[1]
+    return fuse_bepo(parts, mixing=mixing, n0=n0, bellman_norm=bellman_norm, std_floor=std_floor,
+                     bellman_sigma=bellman_sigma, eps=eps)
+
+
+@dataclass(frozen=True)
+class BEPOParts:
+    """A group's GRPO episode advantages and its Bellman credit (steps 1-6), before the fusion of step 7."""
+
+    episode: StepAdvantages
+    bellman: BellmanCredit
+
+    def gated_values(self) -> list[float]:
+        """A^B of the gated rows."""
+        return [value for values, gated in zip(self.bellman.advantages, self.bellman.gated, strict=True)
+                for value, open_ in zip(values, gated, strict=True) if open_]
+
+
+def bepo_parts(
+    group: Group,
+    *,
+    gamma: float = 0.95,
+    lam: float = 0.95,
+    gate: str = "successors",
+    episode_scale: str = "group",
+    episode_statistic: str = "trajectories",
+    anchor: str = "state_key",
+    similarity_threshold: float | None = None,
+    merge_invalid_actions: bool = True,
+    invalid_penalty: float = 0.1,
+) -> BEPOParts:
+    """Steps 1-6 for one group: A^GRPO (with its invalid-action rule; it also rejects non-finite rewards and
+    penalties) and the Bellman credit (graph, V, δ, A^B, gate)."""
+    episode = grpo_advantages(group, scale=episode_scale, statistic=episode_statistic, invalid_penalty=invalid_penalty)
+    bellman = bellman_credit(
+        group, gamma=gamma, lam=lam, gate=gate, anchor=anchor, similarity_threshold=similarity_threshold,
+        merge_invalid_actions=merge_invalid_actions,
+    )
+    return BEPOParts(episode, bellman)
+
+
+def fuse_bepo(
+    parts: BEPOParts,
+    *,
+    mixing: str = "visits",
+    n0: float = 4.0,
+    bellman_norm: str = "std",
+    std_floor: float = 1.0,
+    bellman_sigma: float | None = None,
+    eps: float = 1e-6,
+) -> tuple[StepAdvantages, dict[str, float]]:
+    """Step 7: Â^B = A^B/(max(σ_B, σ_min) + ε) over the gated rows; A = A^GRPO + g·w·Â^B (see
+    `bepo_advantages_with_stats` for the arguments and the returned stats)."""
     check_choice("mixing", mixing, MIXINGS)
     check_choice("bellman_norm", bellman_norm, BELLMAN_NORMS)
     if not (math.isfinite(n0) and n0 > 0):
         raise ValueError(f"n0 must be > 0, got {n0}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-
-    # A^GRPO_i with its invalid-action rule (it also rejects non-finite rewards and penalties).
-    episode = grpo_advantages(
-        group, scale=episode_scale, statistic=episode_statistic, invalid_penalty=invalid_penalty
-    )
-    # Steps 1-6: graph, V, δ, A^B, gate.
-    bellman = bellman_credit(
-        group,
-        gamma=gamma,
-        lam=lam,
-        gate=gate,
-        anchor=anchor,
-        similarity_threshold=similarity_threshold,
-        merge_invalid_actions=merge_invalid_actions,
-    )
-
-    # Step 7: Â^B = A^B/(σ_B + ε) over the gated rows; A = A^GRPO + g·w·Â^B (rows flattened, then split back).
+    if not (math.isfinite(std_floor) and std_floor >= 0):
+        raise ValueError(f"std_floor (bellman_std_floor) must be a finite number >= 0, got {std_floor}")
+    episode, bellman = parts.episode, parts.bellman
     a_e = np.array(list(chain.from_iterable(episode)), dtype=np.float64)
     a_b = np.array(list(chain.from_iterable(bellman.advantages)), dtype=np.float64)
     gated = np.array(list(chain.from_iterable(bellman.gated)), dtype=bool)
     visits = np.array(list(chain.from_iterable(bellman.row_visits)), dtype=np.float64)
-    gated_values = a_b[gated].tolist()
-    _, sigma = mean_std(gated_values)
-    denominator = sigma + eps if bellman_norm == "std" else 1.0
+    gated_count = int(gated.sum())
+    if bellman_norm == "std" or (bellman_norm == "batch_std" and bellman_sigma is None):
+        sigma = mean_std(a_b[gated].tolist())[1]
+    else:
+        sigma = float(bellman_sigma) if bellman_norm == "batch_std" else 0.0
+    denominator = max(sigma, std_floor) + eps if bellman_norm != "none" else 1.0  # σ_min keeps Â^B from blowing up
     weight = np.minimum(1.0, visits / n0) if mixing == "visits" else 1.0
-    fused = np.where(gated, a_e + weight * a_b / denominator, a_e).tolist()
+    fused = np.where(gated, a_e + weight * a_b / denominator, a_e).tolist()  # A = A^GRPO + g·w·A^B/(σ + ε)
     advantages: StepAdvantages = []
     offset = 0
     for row in episode:
@@ -329,7 +396,46 @@ def bepo_advantages_with_stats(
     rows = len(fused)
     stats = {
         "num_states": len(bellman.values),
-        "gated_row_fraction": len(gated_values) / rows if rows else 0.0,
-        "bellman_std": sigma,
+        "gated_row_fraction": gated_count / rows if rows else 0.0,
+        "bellman_std": sigma if gated_count else 0.0,
     }
     return advantages, stats
+
+
+def pooled_std(totals: tuple[float, float, float]) -> float:
+    """Bessel std from (Σx, Σx², n) (the batch's gated A^B, summed over processes); 0 for n < 2.
+
+    >>> round(pooled_std((3.0, 5.0, 2.0)), 4)  # x = [1, 2]: std = 0.7071
+    0.7071
+    """
+    total, squares, count = totals
+    if count < 2:
+        return 0.0
+    mean = total / count
+    return math.sqrt(max(squares - count * mean * mean, 0.0) / (count - 1))
+
+
+def bepo_batch_advantages(
+    groups: list[Group], *, reduce=None, **options
+) -> tuple[list[StepAdvantages], list[dict[str, float]]]:
+    """Gated-BEPO over a batch of groups with σ_B over the gated rows of all of them (`bellman_norm="batch_std"`).
+
+    Args:
+        groups: The batch's groups (on this process).
+        reduce: Sums (Σx, Σx², n) over processes (the trainer's all-reduce), so σ_B is the whole batch's; None = this
+            process's groups.
+        options: As `bepo_advantages_with_stats` (`bellman_sigma` is computed here).
+
+    Returns:
+        (advantages per group, stats per group).
+    """
+    fuse_options = {key: options.pop(key) for key in ("mixing", "n0", "bellman_norm", "std_floor", "eps")
+                    if key in options}
+    parts = [bepo_parts(group, **options) for group in groups]
+    sigma = None
+    if fuse_options.get("bellman_norm", "std") == "batch_std":
+        values = [value for part in parts for value in part.gated_values()]
+        totals = (float(sum(values)), float(sum(v * v for v in values)), float(len(values)))
+        sigma = pooled_std(reduce(totals) if reduce is not None else totals)
+    results = [fuse_bepo(part, bellman_sigma=sigma, **fuse_options) for part in parts]
+    return [advantages for advantages, _ in results], [stats for _, stats in results]

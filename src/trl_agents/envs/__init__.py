@@ -10,6 +10,7 @@ from . import (  # noqa: F401  isort: skip
     alfworld, dealnodeal, frozenlake, minesweeper, rushhour, scienceworld, searchqa, sokoban, textcraft, textworld,
     webshop,
 )
+from . import prediction  # noqa: F401  isort: skip  (the `predict` wrapper: any env + next-observation predictions)
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [

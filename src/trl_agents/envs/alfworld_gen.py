@@ -924,9 +924,9 @@ def generate_game(
         }
         # Several workers may generate the same game at once (concurrent: each writes a private temporary file).
         # A cache: a game lost to a power cut is generated again, so no fsync (our choice: generation stays fast).
-        atomic_write(folder / "traj_data.json", json.dumps(traj_data, indent=1), fsync=False, concurrent=True)
+        atomic_write(folder / "traj_data.json", json.dumps(traj_data, indent=1), fsync=False)
         # written last: its presence marks completion
-        atomic_write(folder / "game.tw-pddl", json.dumps(game), fsync=False, concurrent=True)
+        atomic_write(folder / "game.tw-pddl", json.dumps(game), fsync=False)
         return folder
     raise RuntimeError(
         f"No solvable ALFWorld-style game found for seed={seed}, task_type={task_type!r}, floor_plans={floor_plans!r} "

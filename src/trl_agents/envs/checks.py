@@ -2,6 +2,8 @@
 
 It plays a task a few times and fails with a message naming the broken property:
 
+- **step outputs**: every `step` returns `(observation: str, reward: finite number, done: bool, info: dict)`
+  (`step_violation`; the rollout fails an episode whose environment breaks this, naming env, task, episode and step);
 - **determinism**: two fresh instances given the same task row produce the same observations, rewards and `done`
   flags for the same actions (group-relative credit compares episodes that must start identical);
 - **bad action**: an action the environment cannot parse is reported with `info["valid"] = False`, a non-empty
@@ -16,13 +18,15 @@ Example:
     >>> from trl_agents.envs.checks import check_env
     >>> report = check_env(lambda: make_env("frozenlake"), {"seed": 3})
     >>> sorted(report)
-    ['bad_action', 'determinism', 'expert_episode', 'info_keys', 'snapshot_restore']
+    ['bad_action', 'determinism', 'expert_episode', 'info_keys', 'snapshot_restore', 'step_outputs']
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
@@ -34,10 +38,52 @@ class EnvContractError(AssertionError):
     """An environment broke the AgentEnv contract; the message names the property and the step."""
 
 
+def step_violation(observation: Any, reward: Any, done: Any, info: Any) -> str | None:
+    """What is wrong with the outputs of one `env.step`, or None: the observation must be a string, the reward a
+    finite number (a string such as "1.0" is not coerced), `done` a bool, `info` a dict.
+
+    >>> step_violation("ok", 1.0, False, {}) is None
+    True
+    >>> step_violation("ok", float("nan"), False, {})
+    'reward is nan (it must be a finite number)'
+    >>> step_violation(None, "1.0", 0, [])
+    'observation is None (it must be a str)'
+    """
+    if not isinstance(observation, str):
+        return f"observation is {_shown(observation)} (it must be a str)"
+    if isinstance(reward, str) or not isinstance(reward, numbers.Real):
+        return f"reward is {_shown(reward)} (it must be a finite number)"
+    if not math.isfinite(float(reward)):
+        return f"reward is {reward!r} (it must be a finite number)"
+    if not (isinstance(done, bool) or type(done).__name__ == "bool_"):  # numpy's bool too
+        return f"done is {_shown(done)} (it must be a bool)"
+    if not isinstance(info, Mapping):
+        return f"info is {_shown(info)} (it must be a dict)"
+    return None
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _checked_step(env: AgentEnv, action: str, step: int):
+    outputs = env.step(action)
+    if not isinstance(outputs, tuple) or len(outputs) != 4:
+        raise EnvContractError(f"step_outputs: step {step} ({action!r}) returned {_shown(outputs)}, not a 4-tuple "
+                               "(observation, reward, done, info)")
+    problem = step_violation(*outputs)
+    if problem is not None:
+        raise EnvContractError(f"step_outputs: step {step} ({action!r}): {problem}")
+    return outputs
+
+
 def _play(env: AgentEnv, actions: Sequence[str]) -> list[Outcome]:
     outcomes = []
-    for action in actions:
-        observation, reward, done, info = env.step(action)
+    for t, action in enumerate(actions):
+        observation, reward, done, info = _checked_step(env, action, t)
         outcomes.append((observation, float(reward), bool(done)))
         if done:
             break
@@ -102,6 +148,13 @@ def check_env(
             actions = list(expert_actions) if expert_actions else _default_actions(fresh(), task, max_steps)
         actions = list(actions)[:max_steps]
 
+        # step outputs (before determinism: a NaN reward is never equal to itself)
+        env = fresh()
+        observation = env.reset(copy.deepcopy(task))
+        if not isinstance(observation, str):
+            raise EnvContractError(f"step_outputs: reset returned {_shown(observation)} as the observation (a str)")
+        report["step_outputs"] = f"{len(_play(env, actions))} steps return (str, finite number, bool, dict)"
+
         # determinism
         first, second = fresh(), fresh()
         obs_a, obs_b = first.reset(copy.deepcopy(task)), second.reset(copy.deepcopy(task))
@@ -119,7 +172,7 @@ def check_env(
         key_before = env.state_key() if env.supports("state_key") else None
         try:
             observation, _reward, _done, info = env.step(bad_action)
-        except Exception as err:  # noqa: BLE001 - the contract forbids raising here
+        except Exception as err:
             raise EnvContractError(f"bad action: step({bad_action!r}) raised {type(err).__name__}: {err}") from err
         if info.get(INFO_VALID, True) is not False:
             raise EnvContractError(f"bad action: step({bad_action!r}) did not set info['valid'] = False (info={info})")

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import DIRECTIONS, INVALID_DIRECTION_FEEDBACK, parse_direction
 from .registry import register_env
+from .validation import check_int, check_text
 
 Layout = tuple[str, ...]  # one string per row, letters S F H G (gymnasium's map format)
 Cell = tuple[int, int]
@@ -164,13 +165,14 @@ class FrozenLake(AgentEnv):
         settings = dict(self._settings)
         settings.update({k: task[k] for k in _TASK_KEYS if task.get(k) is not None})
         settings = _check_settings(**settings)
+        seed = check_int("seed", task["seed"], 0) if task.get("seed") is not None else 0
         if task.get("layout") is not None:
-            self._layout = parse_layout(task["layout"])
+            self._layout = parse_layout(check_text("layout", task["layout"]))
         elif task.get("seed") is not None:
-            self._layout = generate_layout(int(task["seed"]), settings["size"], settings["hole_prob"])
+            self._layout = generate_layout(seed, settings["size"], settings["hole_prob"])
         else:
             raise ValueError(f"A FrozenLake task needs a 'seed' or a 'layout', got keys {sorted(task)}")
-        self._seed = int(task.get("seed") or 0)
+        self._seed = seed
         self._slippery = settings["slippery"]
         self._pos = _find(self._layout, START)
         self._moves = 0

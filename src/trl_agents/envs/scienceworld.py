@@ -193,7 +193,7 @@ def _variation_splits_json() -> str:
         simulator.close()
     text = json.dumps(splits)
     # A cache (asked again when lost, so no fsync) that parallel environment workers may fill at the same time.
-    atomic_write(path, text, fsync=False, concurrent=True)
+    atomic_write(path, text, fsync=False)
     return text
 
 

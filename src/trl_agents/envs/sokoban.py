@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .parsing import DIRECTIONS, INVALID_DIRECTION_FEEDBACK, parse_direction
 from .registry import register_env
-from .validation import check_int
+from .validation import check_int, check_text
 
 Cell = tuple[int, int]
 
@@ -551,12 +551,12 @@ class Sokoban(AgentEnv):
     def reset(self, task: dict[str, Any]) -> str:
         """Load the task's puzzle (`{"seed": s}` or `{"layout": text}`) and return the grid."""
         if task.get("layout") is not None:
-            puzzle = SokobanPuzzle.from_text(task["layout"])
+            puzzle = SokobanPuzzle.from_text(check_text("layout", task["layout"]))
         elif task.get("seed") is not None:
             settings = dict(self._settings)
             settings.update({k: task[k] for k in _TASK_KEYS if task.get(k) is not None})
             params = _check_generation(**settings)
-            puzzle, _ = _generate(int(task["seed"]), **params, max_nodes=self.max_solver_nodes)
+            puzzle, _ = _generate(check_int("seed", task["seed"], 0), **params, max_nodes=self.max_solver_nodes)
         else:
             raise ValueError(f"A Sokoban task needs a 'seed' or a 'layout', got keys {sorted(task)}")
         self._room = _room_of(puzzle)

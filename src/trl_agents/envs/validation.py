@@ -24,3 +24,14 @@ def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -
     if maximum is not None and value > maximum:
         raise ValueError(f"`{name}` must be an integer <= {maximum}, got {value!r}")
     return int(value)
+
+
+def check_text(name: str, value: Any) -> str:
+    """`value` if it is a string, or a ValueError naming `name` (e.g. a task row's `layout`).
+
+    >>> check_text("layout", "S F G")
+    'S F G'
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"`{name}` must be a string, got {type(value).__name__} {value!r}"[:200])
+    return value

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envs import INFO_SUCCESS, INFO_VALID, AgentEnv
+from ..envs.checks import step_violation
 from ..signals import EnvSignal, SignalError, Transition, get_signal
-from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory
+from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory, task_id
 from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
 from .prompts import PromptRenderer
@@ -418,14 +419,19 @@ class RolloutEngine:
             step.state_key, step.snapshot = outcome.state_key, outcome.snapshot
             step.signals.update(outcome.before)
         if isinstance(outcome, BaseException) or outcome.error is not None:
+            message = _failure("step", outcome)
+            if not isinstance(outcome, BaseException) and outcome.error.startswith(CONTRACT):
+                message = (f"environment {episode.env.name!r} broke its contract on task {task_id(trajectory.task)}, "
+                           f"episode {trajectory.episode_id}, step {len(trajectory.steps)}: {message}")
             trajectory.steps.append(step)  # the failed step stays in the record
-            self._fail(episode, _failure("step", outcome))
+            self._fail(episode, message)
             return
         for signal in plan.transition:
             step.signals[signal.name] = Transition(episode.state_values.get(signal.name), outcome.after[signal.name])
         episode.state_values = dict(outcome.after)
         episode.role = outcome.role
         step.reward, step.done, step.valid, step.info = outcome.reward, outcome.done, outcome.valid, outcome.info
+        step.next_observation = outcome.observation
         trajectory.steps.append(step)
         trajectory.success = outcome.success
         episode.history.append((episode.observation, outcome.history_action))
@@ -550,8 +556,14 @@ def _step_calls(env: AgentEnv, action_text: str, plan: _SignalPlan, last_turn: b
         if plan.snapshot and env.supports("snapshot"):
             turn.snapshot = env.snapshot()
         turn.before = _evaluate(env, plan.before_step)
-        observation, reward, done, info = env.step(action_text)
-        info = dict(info or {})
+        outputs = env.step(action_text)
+        problem = (step_violation(*outputs) if isinstance(outputs, tuple) and len(outputs) == 4
+                   else f"step returned {type(outputs).__name__}, not (observation, reward, done, info)")
+        if problem is not None:
+            turn.error = f"{CONTRACT}{problem}"
+            return turn
+        observation, reward, done, info = outputs
+        info = dict(info)
         turn.observation, turn.reward, turn.done = observation, float(reward), bool(done)
         turn.valid, turn.success = bool(info.get(INFO_VALID, True)), bool(info.get(INFO_SUCCESS, False))
         turn.history_action = str(info.get("action") or action_text.strip())
@@ -580,6 +592,9 @@ def _end_calls(env: AgentEnv, plan: _SignalPlan) -> tuple[dict[str, Any], str | 
         return _evaluate(env, plan.episode_end), None
     except SignalError as err:
         return {}, str(err)
+
+
+CONTRACT = "env contract: "  # the start of `_EnvTurn.error` when a step's outputs break the AgentEnv contract
 
 
 def _failure(kind: str, outcome: Any) -> str:

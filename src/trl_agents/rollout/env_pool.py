@@ -20,8 +20,8 @@ good.
 
 `process` and `ray` workers build their environment themselves, from its class and the pool's `env_kwargs`. The
 class travels by reference (module and name), so an environment you register must live at the top level of an
-importable module (or of your script, outside `if __name__ == "__main__":`; worker processes import your script as
-DataLoader workers do). Workers are reused across rollouts, like the environments of the `thread` backend, and
+importable module, or of your script (outside `if __name__ == "__main__":`). Worker processes import your script as
+DataLoader workers do, so the script's training code must be under that guard, or every worker runs it again. Workers are reused across rollouts, like the environments of the `thread` backend, and
 stopped by `close()`.
 
 Example:
@@ -113,6 +113,10 @@ def check_execution_settings(
         )
 
 
+HANG_WARNING = 300.0
+"""Seconds after which a phase of environment calls without a timeout is reported as possibly hung (`EnvPool`)."""
+
+
 class EnvPool:
     """Reusable environment instances by name, and where and how their calls run.
 
@@ -137,6 +141,9 @@ class EnvPool:
         ray_actor_options: `.options(...)` of the environment actors (default `{"scheduling_strategy": "SPREAD"}`,
             which spreads them over the cluster's nodes); e.g. `{"num_cpus": 1}` to reserve a CPU per environment.
         start_timeout: Seconds a `process`/`ray` worker may take to start and build its environment.
+        hang_warning: Without a timeout for a phase, log a warning naming the environments and the timeout option
+            when its calls are still running after this many seconds (a hung environment would otherwise stall the
+            run without a word); None = never warn.
 
     Example:
         >>> pool = EnvPool(default_env="frozenlake")
@@ -158,6 +165,7 @@ class EnvPool:
         ray_address: str | None = None,
         ray_actor_options: dict[str, Any] | None = None,
         start_timeout: float = START_TIMEOUT,
+        hang_warning: float | None = HANG_WARNING,
     ):
         check_execution_settings(backend, num_workers, step_timeout, reset_timeout, ray_address)
         if not start_timeout > 0:
@@ -170,6 +178,7 @@ class EnvPool:
         self.ray_address = ray_address
         self.ray_actor_options = {"scheduling_strategy": "SPREAD"} if ray_actor_options is None else ray_actor_options
         self.start_timeout = start_timeout
+        self.hang_warning = hang_warning
         self._free: dict[str, list[Any]] = {}
         self._abandoned: dict[int, AgentEnv] = {}  # thread backend: environments whose call timed out
         self._threads = _ThreadRunner(num_workers) if backend == "thread" else None
@@ -223,6 +232,18 @@ class EnvPool:
         the `kind` timeout, `"reset"` or `"step"`; `EnvCallError` when the worker died). Never raises for one call.
         """
         timeout = self.timeouts.get(kind)
+        if timeout is not None or self.hang_warning is None or not calls:
+            return self._run(calls, kind, timeout)
+        names = sorted({str(getattr(env, "name", type(env).__name__)) for env, _, _ in calls})
+        watchdog = threading.Timer(self.hang_warning, _warn_hung, (kind, names, self.hang_warning))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._run(calls, kind, timeout)
+        finally:
+            watchdog.cancel()
+
+    def _run(self, calls: Sequence[EnvCall], kind: str, timeout: float | None) -> list[Any]:
         if self.backend == "thread":
             jobs = [
                 (functools.partial(fn, env, *args), not getattr(env, "thread_safe", True))
@@ -253,6 +274,15 @@ class EnvPool:
         if not ray.is_initialized():
             ray.init(address=self.ray_address, include_dashboard=False)
             self._started_ray = True
+
+
+def _warn_hung(kind: str, names: list[str], seconds: float) -> None:
+    option = {"step": "env_step_timeout", "reset": "env_reset_timeout"}.get(kind, f"env_{kind}_timeout")
+    logger.warning(
+        "The %s calls of environment %s have been running for %g s and no %s is set, so a hung environment would "
+        "stall training for good: set %s (seconds; EnvPool(%s_timeout=...)) to fail such episodes and go on.",
+        kind, ", ".join(names), seconds, option, option, kind,
+    )
 
 
 def _close_all(free: dict[str, list[Any]], remote: weakref.WeakSet, threads: _ThreadRunner | None) -> None:
@@ -545,9 +575,10 @@ class ProcessEnv(_RemoteEnv):
         death = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {signal.Signals(-code).name}"
         if not self._started:
             death += (
-                " while starting; its traceback is above. A worker imports the environment class by module and name "
-                "(and imports your script as DataLoader workers do): define the class at the top level of a module, "
-                "not under `if __name__ == '__main__':` or in a notebook"
+                " while starting; its traceback is above. A worker imports your script, as DataLoader workers do, "
+                "and the environment class by module and name: put the script's training code under "
+                "`if __name__ == '__main__':` (code outside it runs again in every worker) and define the class at the "
+                "top level, outside that block (not in a notebook)"
             )
         return death
 

@@ -53,8 +53,16 @@ class TrainingRows:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def with_fillers(self, count: int) -> TrainingRows:
-        """These rows plus `count` copies of row 0 (the trainer masks them out of the loss)."""
+    def with_fillers(self, count: int, pad_token_id: int = 0) -> TrainingRows:
+        """These rows plus `count` copies of row 0 (the trainer masks them out of the loss); with no row at all, the
+        copies are of a one-token placeholder row (a rollout that left nothing to train on)."""
+        if count > 0 and not self.prompt_ids:
+            blank = TrainingRows(
+                [[pad_token_id]], [[pad_token_id]], [[0]], [[0.0]], [[0.0]],
+                {name: [[math.nan]] for name in self.token_signals},
+                {name: [[pad_token_id]] for name in self.prompt_signals},
+            )
+            return blank.with_fillers(count - 1)
 
         def extend(values):
             return values + [values[0]] * count

@@ -51,7 +51,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from huggingface_hub import ModelCard
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
@@ -61,7 +61,7 @@ from trl.trainer.utils import nanmax, nanmin, pad, shuffle_sequence_dict
 from ..credit import get_estimator
 from ..credit.base import check_choice
 from ..envs import get_env_class
-from ..records import TRAJECTORIES_DIR, TrajectoryWriter, build_run_info, write_run_info
+from ..records import TRAJECTORIES_DIR, TrajectoryWriter, build_run_info, supersede_shards, write_run_info
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, SamplingParams, TransformersGenerator
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
@@ -85,8 +85,10 @@ logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 # Rollout metrics logged as totals over processes (not means), and those logged as the largest on any process.
-TOTAL_METRICS = ("train_rows", "rollout/generated_tokens", "rollout/env_steps", "rollout/episodes")
+TOTAL_METRICS = ("train_rows", "rollout/generated_tokens", "rollout/env_steps", "rollout/episodes",
+                 "rollout/dropped_groups")
 MAX_ROLLOUT_STATS = ("rollout/generation_calls",)
+EMPTY_ROLLOUTS_LIMIT = 3  # training rollouts in a row with nothing to train on before the run stops (a broken env)
 CREDIT_STATISTICS = ("trajectories", "step_rows")
 # EnvPool argument -> AgentGRPOConfig field, so that a bad setting is reported under the field's name.
 ENV_EXECUTION_FIELDS = {
@@ -142,7 +144,8 @@ class AgentGRPOConfig(GRPOConfig):
         teacher_ema_decay (`float`, *optional*, defaults to `0.999`): d of the EMA teacher.
         privileged_source (`str`, *optional*, defaults to `"env"`): Where a privileged view's text comes from.
         privileged_template (`str`, *optional*): How the privileged text enters the teacher's prompt.
-        max_tokens_per_forward (`int` or `None`, *optional*): Padded tokens per forward of the model signals.
+        max_tokens_per_forward (`int` or `None`, *optional*): Padded tokens per forward over training rows (loss,
+            old/reference log-probs, model signals).
     """
 
     env_name: str | None = field(
@@ -178,6 +181,13 @@ class AgentGRPOConfig(GRPOConfig):
         default=0.1,
         metadata={"help": "Penalty λ for steps whose action the environment rejected (verl-agent default 0.1), "
         "applied by the credit estimator to that step only (docs/concepts/verl_agent_conventions.md, 'Invalid actions and their penalty')."},
+    )
+    min_healthy_episodes: int = field(
+        default=2,
+        metadata={"help": "A task group left with fewer healthy episodes than this by infrastructure failures (crashed "
+        "or hung environments) is not trained on; such groups are counted as `rollout/dropped_groups`. With one "
+        "episode there is nothing to compare it with, and verl-agent's rule for a population of one (mean 0, std 1) "
+        "would train it with its raw return (R = 10 -> advantage 10); 1 restores that rule."},
     )
     advantage_estimator: str = field(
         default="grpo",
@@ -274,9 +284,12 @@ class AgentGRPOConfig(GRPOConfig):
     )
     max_tokens_per_forward: int | None = field(
         default=None,
-        metadata={"help": "Most padded tokens (rows × width) in one forward of the model signals (teacher "
-        "log-probs, entropies, hidden states), which also run at most per_device_train_batch_size rows at a time; "
-        "a longer unit runs alone. None = rows only. Bounds their memory on long episodes."},
+        metadata={"help": "Most padded tokens (rows × width) in one forward over training rows: the loss (a "
+        "micro-batch over the budget is split into row chunks whose gradients accumulate inside the micro-step, "
+        "the update unchanged), the old and reference log-probs, and the model signals (teacher log-probs, "
+        "entropies, hidden states), which also run at most per_device_train_batch_size rows at a time. A row "
+        "longer than the budget runs alone. None = rows only. Bounds memory on long episodes (step rows: "
+        "16 tasks × 8 episodes × 50 turns is 6,400 rows per generation batch)."},
     )
 
     def __post_init__(self):
@@ -309,10 +322,27 @@ class AgentGRPOConfig(GRPOConfig):
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {self.history_length}")
+        if self.min_healthy_episodes < 1:
+            raise ValueError(f"min_healthy_episodes must be >= 1 (2 = never train a lone episode), got "
+                             f"{self.min_healthy_episodes}")
         if self.remove_unused_columns:
             raise ValueError(
                 "remove_unused_columns=True would strip the task columns (env, seed, ...) that AgentGRPOTrainer "
                 "needs; leave it False."
+            )
+        # Checked before TRL's __post_init__, which would divide by num_generations and word the batch-size error in
+        # terms of `generation_batch_size`, a field agent users do not set.
+        if isinstance(self.num_generations, int) and self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (episodes per task, compared with each other), got {self.num_generations}"
+            )
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        per_process = self.per_device_train_batch_size * steps
+        if self.generation_batch_size is None and per_process % self.num_generations != 0:
+            raise ValueError(
+                f"per_device_train_batch_size × steps_per_generation = {per_process} episodes per process must be a "
+                f"multiple of num_generations={self.num_generations}, so that the G episodes of a task run and are "
+                "credited on one process. Adjust per_device_train_batch_size or gradient_accumulation_steps."
             )
         super().__post_init__()
         if self.scale_rewards not in ("group", "none"):
@@ -988,16 +1018,12 @@ class AgentGRPOTrainer(GRPOTrainer):
             for trajectory in batch.trajectories:
                 for step in trajectory.owned_steps:
                     step.snapshot = None
-        healthy = [group.healthy() for group in batch.groups]
+        healthy, dropped = trainable_groups(batch.groups, self.args.min_healthy_episodes)
         self.compute_signals(healthy)
         advantages = self.compute_advantages(healthy)
         rows = build_rows(healthy, advantages, self.args.row_format, self._training_layouts)
-        if len(rows) == 0:
-            errors = sorted({t.error for t in batch.trajectories if t.error})
-            raise RuntimeError(
-                "Every episode of this rollout failed, so there is nothing to train on. First errors: "
-                + "; ".join(errors[:3])
-            )
+        batch.stats["dropped_groups"] = dropped
+        self._check_trainable(batch, rows, dropped)
         output = self._pad_rows(rows, device)
         self._add_old_and_ref_logps(output)
         step_advantages = _step_advantages(batch, healthy, advantages)
@@ -1005,6 +1031,26 @@ class AgentGRPOTrainer(GRPOTrainer):
         if self.args.save_trajectories and mode == "train":
             self._save_trajectories(batch, step_advantages)
         return output
+
+    def _check_trainable(self, batch: RolloutBatch, rows: TrainingRows, dropped: int) -> None:
+        """A rollout that leaves nothing to train on (every episode failed, or its group was left with too few healthy
+        ones) makes a step that updates nothing, with a warning, so that one bad rollout never stops training; three
+        such rollouts in a row mean the environment itself is broken: a RuntimeError names its errors."""
+        if len(rows) > 0 or not self.model.training:
+            self._empty_rollouts = 0
+            return
+        self._empty_rollouts = getattr(self, "_empty_rollouts", 0) + 1
+        errors = sorted({t.error for t in batch.trajectories if t.error})
+        reason = (
+            "every episode of this rollout failed"
+            + (f" or was left alone in its group ({dropped} groups below min_healthy_episodes="
+               f"{self.args.min_healthy_episodes})" if dropped else "")
+            + ". First errors: " + ("; ".join(errors[:3]) or "none")
+        )
+        if self._empty_rollouts >= EMPTY_ROLLOUTS_LIMIT:
+            raise RuntimeError(f"{self._empty_rollouts} rollouts in a row left nothing to train on: {reason}")
+        logger.warning("Nothing to train on at step %d (this step updates nothing): %s", self.state.global_step + 1,
+                       reason)
 
     def _pad_rows(self, rows: TrainingRows, device) -> dict[str, Any]:
         # Filler rows (copies of row 0 with a zero loss mask) make up for two things: a rollout with fewer rows
@@ -1018,9 +1064,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             num_rows = int(self.accelerator.gather(torch.tensor([num_rows], device=device)).max())
         fillers = num_rows - len(rows)
         loss_mask_rows = [1] * len(rows) + [0] * fillers
-        rows = rows.with_fillers(fillers)
-
         pad_id = self._tokenizer.pad_token_id
+        rows = rows.with_fillers(fillers, pad_id if pad_id is not None else 0)
 
         def padded(values, value, side, dtype):
             return pad([torch.tensor(v, dtype=dtype) for v in values], padding_value=value, padding_side=side).to(
@@ -1062,6 +1107,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         logits_to_keep = output["completion_ids"].size(1)
         mode = "train" if self.model.training else "eval"
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch_size = rows_per_forward(batch_size, prompt_completion_ids.size(1), self.args.max_tokens_per_forward)
         generate_every = self.args.steps_per_generation * self.num_iterations
         with torch.no_grad(), _no_gradient_checkpointing(self):
             # Generation and optimisation are misaligned (or several passes reuse the rollout): keep the behaviour
@@ -1130,9 +1176,46 @@ class AgentGRPOTrainer(GRPOTrainer):
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _compute_loss(self, model, inputs):
+        """TRL's loss (weighted by `policy_loss_weight`) plus `compute_auxiliary_loss`; a micro-batch over
+        `max_tokens_per_forward` runs in row chunks (`loss_chunks`): in training, every chunk but the last is
+        back-propagated here, without gradient synchronisation, and the last one's loss is returned for the
+        trainer's backward (with the earlier chunks' values added as a constant), so the gradients add up to those
+        of the whole micro-batch. `self.loss_chunk` is (index, count) of the chunk being computed."""
+        budget = self.args.max_tokens_per_forward
+        width = None
+        if budget is not None and self.accelerator.num_processes > 1:
+            # Every process must cut the same chunks: TRL's loss gathers per-row statistics in every call, and the
+            # processes' micro-batches have as many rows (`_pad_rows`) but may be padded to different widths.
+            local = inputs["prompt_ids"].size(1) + inputs["completion_ids"].size(1)
+            width = int(self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).max())
+        chunks = loss_chunks(inputs, budget, self.loss_type, width=width)
+        if len(chunks) == 1:
+            return self._chunk_loss(model, inputs, 1.0)
+        backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
+        done = torch.zeros((), device=self.accelerator.device)
+        try:
+            for index, (chunk, weight) in enumerate(chunks):
+                self.loss_chunk = (index, len(chunks))
+                last = index == len(chunks) - 1
+                if backward and not last:
+                    with self.accelerator.no_sync(model):  # the last chunk's backward synchronises them all
+                        loss = self._chunk_loss(model, chunk, weight)
+                        self.accelerator.backward(loss)
+                    done = done + loss.detach()
+                else:
+                    loss = self._chunk_loss(model, chunk, weight)
+                    if not last:
+                        done = done + loss.detach()
+            return loss + done
+        finally:
+            self.loss_chunk = (0, 1)
+
+    loss_chunk: tuple[int, int] = (0, 1)
+
+    def _chunk_loss(self, model, inputs, chunk_weight: float):
         # TRL's loss multiplies by the importance-sampling ratio only `if self.use_vllm`. A vLLM generator passed in
         # (`generator=`) samples off-policy just the same, so the flag is raised for this call.
-        weight = self.policy_loss_weight
+        weight = self.policy_loss_weight * chunk_weight  # a chunk's share of the micro-batch's policy loss
         captured: dict[str, torch.Tensor] = {}
         if weight != 0.0:
             raise_flag = self._corrects_off_policy_sampling and not self.use_vllm
@@ -1154,20 +1237,26 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """`Trainer.train`, after writing `output_dir/run_info.json` (the main process writes it, every process gets
-        its content for the trajectory records) and, when resuming, `load_extra_state(checkpoint)`; then the
+        its content for the trajectory records) and, when resuming (a checkpoint path, or True / "true" for the last
+        one of `output_dir`: `resolve_checkpoint`), `load_extra_state(checkpoint)` and moving aside the trajectory
+        shards of rollouts after the checkpoint (`records.supersede_shards`: they are generated again); then the
         environments' workers (processes, Ray actors, threads) are stopped, even when training fails; a later
         rollout (e.g. `evaluate()`) starts new ones."""
         from accelerate.utils import broadcast_object_list
 
-        checkpoint = resume_from_checkpoint
-        if checkpoint is True:
-            checkpoint = get_last_checkpoint(self.args.output_dir)
-        if isinstance(checkpoint, str):
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
             self.load_extra_state(checkpoint)
-        self.run_info = broadcast_object_list([write_run_info(self) if self.is_world_process_zero() else None])[0]
+        if self.is_world_process_zero():
+            if checkpoint is not None and self.args.save_trajectories:
+                # Rollouts after the checkpoint are generated again: their earlier shards would repeat those steps.
+                step = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json")).global_step
+                supersede_shards(os.path.join(self.args.output_dir, TRAJECTORIES_DIR), step)
+            info = write_run_info(self)
+        self.run_info = broadcast_object_list([info if self.is_world_process_zero() else None])[0]
         self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            return super().train(checkpoint, *args, **kwargs)
         finally:
             self.env_pool.close()
 
@@ -1351,6 +1440,88 @@ def _shorten(text: str) -> str:
     return text if len(text) <= TRANSCRIPT_TEXT_CHARS else text[: TRANSCRIPT_TEXT_CHARS - 1] + "…"
 
 
+def rows_per_forward(rows: int, width: int, max_tokens: int | None) -> int:
+    """Rows of `width` padded tokens in one forward: at most `rows`, and at most `max_tokens` tokens (at least one
+    row).
+
+    >>> rows_per_forward(16, 100, None), rows_per_forward(16, 100, 450), rows_per_forward(16, 1000, 450)
+    (16, 4, 1)
+    """
+    if max_tokens is None:
+        return rows
+    return max(1, min(rows, max_tokens // max(width, 1)))
+
+
+# How TRL normalises each loss type over a micro-batch, so that row chunks of it add up to its loss: "global" loss
+# types divide by the generation batch's token count (additive as they are), "rows" ones average over the rows
+# (a chunk weighs its share of the rows), "tokens" over the loss tokens (its share of the tokens).
+CHUNK_WEIGHTS = {"dapo": "global", "cispo": "global", "vespo": "global", "grpo": "rows", "sapo": "rows",
+                 "dr_grpo": "rows", "luspo": "rows", "bnpo": "tokens"}
+
+
+def loss_chunks(
+    inputs: dict[str, Any], max_tokens: int | None, loss_type: str, width: int | None = None
+) -> list[tuple[dict[str, Any], float]]:
+    """A micro-batch's row chunks of at most `max_tokens` padded tokens each (rows × `width`, by default the
+    micro-batch's own), with the weight of each in TRL's loss (`CHUNK_WEIGHTS`); one chunk of weight 1 when it
+    fits. Tensors whose first dimension is the row count are cut; the rest (e.g. `num_items_in_batch`) is shared.
+
+    >>> import torch
+    >>> batch = {"prompt_ids": torch.zeros(5, 3), "completion_ids": torch.zeros(5, 2),
+    ...          "completion_mask": torch.tensor([[1, 1]] * 4 + [[1, 0]]), "num_items_in_batch": torch.tensor(9)}
+    >>> [(len(c["prompt_ids"]), round(w, 3)) for c, w in loss_chunks(batch, 20, "grpo")]  # 4 rows of 5 tokens
+    [(4, 0.8), (1, 0.2)]
+    >>> [round(w, 3) for _, w in loss_chunks(batch, 20, "bnpo")], [w for _, w in loss_chunks(batch, 20, "dapo")]
+    ([0.889, 0.111], [1.0, 1.0])
+    """
+    rows = inputs["prompt_ids"].size(0)
+    width = width or inputs["prompt_ids"].size(1) + inputs["completion_ids"].size(1)
+    step = rows_per_forward(rows, width, max_tokens)
+    if step >= rows:
+        return [(inputs, 1.0)]
+    kind = CHUNK_WEIGHTS.get(loss_type)
+    if kind is None:
+        raise ValueError(f"max_tokens_per_forward cannot split the loss of loss_type={loss_type!r}: use one of "
+                         f"{', '.join(CHUNK_WEIGHTS)}, or max_tokens_per_forward=None")
+    mask = inputs["completion_mask"].float()
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"].float()
+    tokens = float(mask.sum())
+    chunks = []
+    for start in range(0, rows, step):
+        end = min(start + step, rows)
+        chunk = {key: value[start:end] if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == rows
+                 else value for key, value in inputs.items()}
+        if kind == "global":
+            weight = 1.0
+        elif kind == "rows":
+            weight = (end - start) / rows
+        else:
+            weight = float(mask[start:end].sum()) / tokens if tokens > 0 else (end - start) / rows
+        chunks.append((chunk, weight))
+    return chunks
+
+
+def trainable_groups(groups: Sequence[Group], min_healthy_episodes: int) -> tuple[list[Group], int]:
+    """(each group's healthy episodes, or no episode when fewer than `min_healthy_episodes` are healthy; how many
+    groups were emptied that way). Positions are kept: `result[g]` is `groups[g]`'s, as credit and records expect.
+
+    >>> from trl_agents.trajectory import Group, Trajectory
+    >>> group = Group({}, [Trajectory({}), Trajectory({}, error="step failed: timed out")])
+    >>> kept, dropped = trainable_groups([group], 2)
+    >>> len(kept[0].trajectories), dropped
+    (0, 1)
+    """
+    kept, dropped = [], 0
+    for group in groups:
+        healthy = group.healthy()
+        if 0 < len(healthy.trajectories) < min_healthy_episodes:
+            healthy = Group(task=group.task, trajectories=[])
+            dropped += 1
+        kept.append(healthy)
+    return kept, dropped
+
+
 def _step_advantages(batch: RolloutBatch, healthy: list[Group], advantages) -> dict[tuple[int, int], list]:
     """(group index, episode id) -> one scalar per step the episode owns (`owned_steps`): the advantage the step was
     trained with (the mean over tokens for per-token credit; for a step a tree shares, the sum its paths give it), or
@@ -1471,6 +1642,35 @@ def _no_gradient_checkpointing(trainer: GRPOTrainer):
         yield
 
 
+def resolve_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """The checkpoint directory a run resumes from: a path; True (or "true", as the command line spells it) = the last
+    `checkpoint-*` of `output_dir`; None, False or "false" = none. A one-line error when there is nothing to resume.
+
+    >>> resolve_checkpoint(None, "out") is None and resolve_checkpoint("false", "out") is None
+    True
+    """
+    value = resume_from_checkpoint
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "none", ""):
+        value = {"true": True}.get(value.strip().lower())
+    if value is None or value is False:
+        return None
+    if value is True:
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last is None:
+            raise ValueError(
+                f"resume_from_checkpoint=true, but output_dir {output_dir!r} has no checkpoint-* folder to resume "
+                "from: pass a checkpoint path, or start without --resume_from_checkpoint."
+            )
+        return last
+    path = os.fspath(value)
+    if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+        raise ValueError(
+            f"resume_from_checkpoint={path!r} is not a checkpoint folder (it has no trainer_state.json): pass a "
+            f"checkpoint-* folder of a run, or true for the last one of output_dir."
+        )
+    return path
+
+
 def _tasks_of(inputs: list[dict[str, Any]], num_generations: int) -> list[dict[str, Any]]:
     """The unique tasks of a generation batch: TRL's sampler repeats every row G times in a row."""
     if len(inputs) % num_generations != 0:
@@ -1519,6 +1719,8 @@ def _as_task_dataset(dataset, args: AgentGRPOConfig, name: str, required: bool):
         dataset = Dataset.from_list(dataset)
     if isinstance(dataset, IterableDataset):
         return dataset  # validated lazily, row by row, by the rollout
+    if len(dataset) == 0 and (required or not dataset.column_names):
+        raise ValueError(f"`{name}` has no task rows: training on it would run 0 steps. Pass at least one task.")
     columns = set(dataset.column_names)
     if "env" not in columns and args.env_name is None:
         if "prompt" in columns:

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..credit.base import check_choice
-from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS, bepo_advantages_with_stats
+from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS, bepo_batch_advantages
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -46,7 +46,9 @@ class BEPOConfig(AgentGRPOConfig):
         bepo_mixing (`str`, *optional*, defaults to `"visits"`): Weight of the gated Bellman credit: `"visits"`
             (min(1, N(s)/n0)) or `"fixed"` (1).
         mixing_n0 (`float`, *optional*, defaults to `4.0`): n0 of the visit-based mixing weight.
-        bellman_norm (`str`, *optional*, defaults to `"std"`): Scale of the Bellman credit: `"std"` or `"none"`.
+        bellman_norm (`str`, *optional*, defaults to `"batch_std"`): Scale of the Bellman credit: `"batch_std"`,
+            `"std"` (per group) or `"none"`.
+        bellman_std_floor (`float`, *optional*, defaults to `1.0`): The least std the Bellman credit is divided by.
         anchor (`str`, *optional*, defaults to `"state_key"`): What identifies a graph node.
         similarity_threshold (`float` or `None`, *optional*): Cluster text anchors by similarity instead of equality.
         merge_invalid_actions (`bool`, *optional*, defaults to `True`): Count rejected actions as one action.
@@ -80,10 +82,17 @@ class BEPOConfig(AgentGRPOConfig):
         "bepo_mixing='visits'. Our choice: 4 (docs/methods/bepo.md step 7 [D])."},
     )
     bellman_norm: str = field(
-        default="std",
-        metadata={"help": "'std': divide the Bellman credit by (std + 1e-6), the Bessel std of A^B over the gated "
-        "rows of the group (our choice, docs/methods/bepo.md step 7 [D]: per group, not over the batch), "
-        "or 'none'."},
+        default="batch_std",
+        metadata={"help": "'batch_std': divide the Bellman credit by (max(σ_B, bellman_std_floor) + 1e-6), σ_B the "
+        "Bessel std of A^B over the gated rows of the whole generation batch (every process; the paper's text says a "
+        "batch std); 'std': σ_B over the gated rows of each group; 'none'. Our choice, docs/methods/bepo.md step 7 "
+        "[D] and 'Our choices'."},
+    )
+    bellman_std_floor: float = field(
+        default=1.0,
+        metadata={"help": "σ_min >= 0, the least σ_B the Bellman credit is divided by. Our choice: 1.0, so the "
+        "normalisation only shrinks the credit, never amplifies it (over two nearly equal gated rows the bare std "
+        "turns a credit of -0.38 into an advantage of -35); 0 = the bare std. docs/methods/bepo.md, 'Our choices'."},
     )
     anchor: str = field(
         default="state_key",
@@ -112,6 +121,9 @@ class BEPOConfig(AgentGRPOConfig):
         if not (math.isfinite(self.mixing_n0) and self.mixing_n0 > 0):
             raise ValueError(f"mixing_n0 must be a number > 0 (visits for full weight), got {self.mixing_n0}")
         check_choice("bellman_norm", self.bellman_norm, BELLMAN_NORMS)
+        if not (math.isfinite(self.bellman_std_floor) and self.bellman_std_floor >= 0):
+            raise ValueError(f"bellman_std_floor must be a finite number >= 0 (1.0 never amplifies the Bellman credit), "
+                             f"got {self.bellman_std_floor}")
         check_choice("anchor", self.anchor, ("state_key", "observation"))
         if self.similarity_threshold is not None and not 0.0 < self.similarity_threshold < 1.0:
             raise ValueError(
@@ -135,25 +147,33 @@ class BEPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, stats_with_states = [], []
-        for group in groups:
-            group_advantages, stats = bepo_advantages_with_stats(
-                group,
-                gamma=args.gamma,
-                lam=args.gae_lambda,
-                gate=args.bepo_gate,
-                mixing=args.bepo_mixing,
-                n0=args.mixing_n0,
-                bellman_norm=args.bellman_norm,
-                episode_scale=args.scale_rewards,
-                episode_statistic=args.credit_statistic,
-                anchor=args.anchor,
-                similarity_threshold=args.similarity_threshold,
-                merge_invalid_actions=args.merge_invalid_actions,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if stats["num_states"]:
-                stats_with_states.append(stats)
-        self.log_mean_metrics("bepo", stats_with_states, ("num_states", "gated_row_fraction", "bellman_std"))
+        advantages, stats = bepo_batch_advantages(
+            groups,
+            reduce=self._sum_over_processes,
+            gamma=args.gamma,
+            lam=args.gae_lambda,
+            gate=args.bepo_gate,
+            mixing=args.bepo_mixing,
+            n0=args.mixing_n0,
+            bellman_norm=args.bellman_norm,
+            std_floor=args.bellman_std_floor,
+            episode_scale=args.scale_rewards,
+            episode_statistic=args.credit_statistic,
+            anchor=args.anchor,
+            similarity_threshold=args.similarity_threshold,
+            merge_invalid_actions=args.merge_invalid_actions,
+            invalid_penalty=args.invalid_action_penalty,
+        )
+        with_states = [s for s in stats if s["num_states"]]
+        self.log_mean_metrics("bepo", with_states, ("num_states", "gated_row_fraction", "bellman_std"))
         return advantages
+
+    def _sum_over_processes(self, totals: tuple[float, float, float]) -> tuple[float, float, float]:
+        """(Σx, Σx², n) of the gated Bellman credits summed over every process: σ_B of the whole batch (every
+        process computes credit on the same step, so the all-reduce lines up)."""
+        if self.accelerator.num_processes == 1:
+            return totals
+        import torch
+
+        summed = torch.tensor(totals, dtype=torch.float64, device=self.accelerator.device)
+        return tuple(self.accelerator.reduce(summed, reduction="sum").tolist())

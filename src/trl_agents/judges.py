@@ -1,0 +1,267 @@
+"""Judges: score texts with a language model, from a chat prompt, on a small integer scale.
+
+A judge is any callable `judge(prompts) -> scores`: `prompts` is a list of chats (each a list of
+`{"role": ..., "content": ...}` messages, the OpenAI chat format), the answer one score per chat, a number or None
+when the judge gave no usable score (an error, a timeout, an answer without a number on the scale). Methods that
+learn from judged text (GRSD's reflections, a process scorer) call one judge per batch and count the Nones.
+
+Built in:
+
+* `EndpointJudge`: an OpenAI-compatible server (`vllm serve`, or any service speaking `/v1/chat/completions` or
+  `/v1/completions`), temperature 0, a few tokens, a timeout per request, requests in parallel; `probe()` checks the
+  server answers (`GET /v1/models`) before a run starts.
+* `LocalJudge`: a transformers model loaded from a path or Hub id, greedy decoding.
+* `GeneratorJudge`: any function that turns chats into answer texts (a trainer's own generator: the policy judging).
+* `CallableJudge`: wraps a user's function, whose answers may be numbers, texts to parse, or None.
+
+Scores are parsed with `parse_score`: the first number in the answer, kept when it is a whole number on the scale.
+
+Example:
+    >>> judge = CallableJudge(lambda prompts: ["Score: 2", "seven", 3], low=0, high=3)
+    >>> judge([[{"role": "user", "content": "x"}]] * 3)
+    [2.0, None, 3.0]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+Messages = list[dict[str, str]]
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def parse_score(text: Any, low: int = 0, high: int = 3) -> float | None:
+    """The score in a judge's answer: its first number, when that is a whole number in [low, high]; else None.
+
+    >>> [parse_score(t) for t in ("2", "Score: 3/3", " 1.", "7", "2.5", "no idea", None)]
+    [2.0, 3.0, 1.0, None, None, None, None]
+    """
+    if not isinstance(text, str):
+        return None
+    match = _NUMBER.search(text)
+    if match is None:
+        return None
+    value = float(match.group(0))
+    if value != int(value) or not low <= value <= high:
+        return None
+    return value
+
+
+def coerce_score(value: Any, low: int = 0, high: int = 3) -> float | None:
+    """A judge's answer as a score: a number on the scale (a whole one), a text parsed by `parse_score`, or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        value = float(value)
+        return value if math.isfinite(value) and value == int(value) and low <= value <= high else None
+    return parse_score(value, low, high)
+
+
+def prompt_text(messages: Messages) -> str:
+    """One chat as plain text (`role: content` blocks), for judges that take a single string."""
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+class JudgeUnavailable(ValueError):
+    """The judge cannot be reached or loaded (raised before a run starts, with a one-line message)."""
+
+
+class CallableJudge:
+    """A user's judge function, its answers coerced to scores (`coerce_score`).
+
+    Args:
+        fn: `fn(prompts) -> answers`, one answer per chat: a number, a text or None.
+        low, high: The scale (inclusive); answers outside it are None.
+    """
+
+    def __init__(self, fn: Callable[[list[Messages]], Sequence[Any]], low: int = 0, high: int = 3):
+        if not callable(fn):
+            raise TypeError(f"a judge must be callable (prompts -> scores), got {type(fn).__name__}")
+        self.fn, self.low, self.high = fn, low, high
+
+    def __call__(self, prompts: Sequence[Messages]) -> list[float | None]:
+        prompts = [list(p) for p in prompts]
+        answers = list(self.fn(prompts)) if prompts else []
+        if len(answers) != len(prompts):
+            raise ValueError(f"the judge returned {len(answers)} answers for {len(prompts)} prompts")
+        return [coerce_score(a, self.low, self.high) for a in answers]
+
+
+class GeneratorJudge(CallableJudge):
+    """A judge whose answers come from `generate_texts(prompts) -> texts` (e.g. the policy through the trainer's
+    generator, greedy, a few tokens). It is called with no prompt too: a collective generator (vLLM server mode
+    under several processes) needs every process at every call."""
+
+    def __call__(self, prompts: Sequence[Messages]) -> list[float | None]:
+        prompts = [list(p) for p in prompts]
+        answers = list(self.fn(prompts))
+        if len(answers) != len(prompts):
+            raise ValueError(f"the judge returned {len(answers)} answers for {len(prompts)} prompts")
+        return [coerce_score(a, self.low, self.high) for a in answers]
+
+
+class EndpointJudge:
+    """An OpenAI-compatible server as a judge (e.g. `vllm serve <model>`).
+
+    Args:
+        url: The server's base URL, e.g. `http://localhost:8000` (a trailing `/v1` is accepted).
+        model: The served model's name; None = the first one `GET /v1/models` lists (read by `probe`).
+        api: `"chat"` (POST /v1/chat/completions with the messages) or `"completions"` (POST /v1/completions with
+            `prompt_text(messages)`).
+        timeout: Seconds one request may take; past it (or on any HTTP/JSON error) that answer is None.
+        max_tokens: Token budget of an answer (16: one score).
+        workers: Requests sent at once.
+        api_key: Sent as a bearer token when given.
+        low, high: The scale.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        *,
+        api: str = "chat",
+        timeout: float = 60.0,
+        max_tokens: int = 16,
+        workers: int = 16,
+        api_key: str | None = None,
+        low: int = 0,
+        high: int = 3,
+    ):
+        if not url or not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise JudgeUnavailable(f"the judge URL must start with http:// or https://, got {url!r}")
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
+        base = url.rstrip("/")
+        self.base_url = base.removesuffix("/v1")
+        self.model, self.api, self.timeout = model, api, float(timeout)
+        self.max_tokens, self.workers, self.api_key = int(max_tokens), max(1, int(workers)), api_key
+        self.low, self.high = low, high
+        self.last_errors: list[str] = []
+
+    def probe(self, timeout: float = 5.0) -> list[str]:
+        """`GET /v1/models`: the served model names; fills in `model` when it is None. Raises `JudgeUnavailable`
+        (one line) when the server does not answer in `timeout` seconds or answers something else."""
+        try:
+            body = self._request("GET", "/v1/models", None, timeout)
+            names = [str(entry["id"]) for entry in body.get("data", [])]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            reason = getattr(err, "reason", None) or err
+            raise JudgeUnavailable(
+                f"the judge endpoint {self.base_url} did not answer GET /v1/models within {timeout:g} s "
+                f"({type(err).__name__}: {str(reason).strip()[:120]}); start the server or fix the URL"
+            ) from None
+        if self.model is None:
+            if not names:
+                raise JudgeUnavailable(f"the judge endpoint {self.base_url} serves no model (GET /v1/models is empty)")
+            self.model = names[0]
+        return names
+
+    def answers(self, prompts: Sequence[Messages]) -> list[str | None]:
+        """The raw answer texts (None where a request failed; the reasons are in `last_errors`)."""
+        self.last_errors = []
+        if not prompts:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(prompts))) as pool:
+            results = list(pool.map(self._answer, prompts))
+        self.last_errors = [error for _, error in results if error]
+        return [text for text, _ in results]
+
+    def __call__(self, prompts: Sequence[Messages]) -> list[float | None]:
+        return [parse_score(text, self.low, self.high) for text in self.answers(prompts)]
+
+    def _answer(self, messages: Messages) -> tuple[str | None, str | None]:
+        payload: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
+        if self.model is not None:
+            payload["model"] = self.model
+        try:
+            if self.api == "chat":
+                body = self._request("POST", "/v1/chat/completions", {**payload, "messages": list(messages)},
+                                     self.timeout)
+                return str(body["choices"][0]["message"]["content"] or ""), None
+            body = self._request("POST", "/v1/completions", {**payload, "prompt": prompt_text(messages)},
+                                 self.timeout)
+            return str(body["choices"][0]["text"] or ""), None
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as err:  # timeouts are OSErrors
+            return None, f"{type(err).__name__}: {err}"
+
+    def _request(self, method: str, path: str, payload: dict | None, timeout: float) -> dict:
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read().decode() or "{}")
+
+
+class LocalJudge:
+    """A transformers causal LM as a judge: chats rendered with its chat template, greedy answers of at most
+    `max_tokens` tokens, parsed with `parse_score`.
+
+    Args:
+        model: A path or Hub id (loaded here; `JudgeUnavailable` when that fails), or a loaded model.
+        tokenizer: Its tokenizer (loaded from `model` when None).
+        max_tokens: Token budget of an answer.
+        device: Where the model runs (None: where it is loaded, CPU for a path).
+        batch_size: Chats per `generate` call.
+        low, high: The scale.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, max_tokens: int = 16, device: Any = None,
+                 batch_size: int = 8, low: int = 0, high: int = 3):
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            try:
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+                model = AutoModelForCausalLM.from_pretrained(model)
+            except (OSError, ValueError) as err:
+                raise JudgeUnavailable(
+                    f"the local judge {model!r} could not be loaded ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0][:160]}); give a model directory or Hub id"
+                ) from None
+        if tokenizer is None:
+            raise ValueError("LocalJudge needs the tokenizer of a loaded model")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise JudgeUnavailable("the local judge's tokenizer has no chat template; use an instruct model")
+        if device is not None:
+            model = model.to(device)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_tokens, self.batch_size, self.low, self.high = int(max_tokens), max(1, int(batch_size)), low, high
+
+    def answers(self, prompts: Sequence[Messages]) -> list[str]:
+        import torch
+
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        device = next(self.model.parameters()).device
+        texts = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [self.tokenizer.apply_chat_template(list(m), tokenize=True, add_generation_prompt=True,
+                                                        return_dict=False)
+                     for m in prompts[start : start + self.batch_size]]
+            width = max(len(ids) for ids in batch)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+            with torch.no_grad():
+                out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=self.max_tokens,
+                                          do_sample=False, pad_token_id=pad)
+            texts += self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        return texts
+
+    def __call__(self, prompts: Sequence[Messages]) -> list[float | None]:
+        return [parse_score(text, self.low, self.high) for text in self.answers(prompts)] if prompts else []
+
+
+def as_judge(judge: Any, low: int = 0, high: int = 3):
+    """A judge from what a user passed: a built-in judge as it is, any other callable wrapped in `CallableJudge`."""
+    if isinstance(judge, EndpointJudge | LocalJudge | CallableJudge):
+        return judge
+    return CallableJudge(judge, low=low, high=high)

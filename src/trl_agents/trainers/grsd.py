@@ -1,0 +1,604 @@
+"""GRSD: Group-Reflective Self-Distillation on GRPO (arXiv 2607.28076; docs/methods/grsd.md).
+
+What changes w.r.t. `AgentGRPOTrainer`, after each training rollout (math in `trl_agents/distill/grsd.py`):
+
+1. Stage A, reflections (`compute_signals`): the policy writes a short reflection on every healthy episode (its
+   task, its outcome SUCCEEDED/FAILED, its turns with observations cut to `grsd_obs_chars` characters, at most
+   `grsd_max_history_turns` turns), in ONE batched call of the trainer's own generator (vLLM when enabled).
+2. A judge scores each reflection 0–3 (`grsd_judge`: the policy itself by default, an OpenAI-compatible endpoint,
+   a local transformers model, or a callable passed as `judge=`). An answer without a score on the scale, a timeout
+   or an error is an INVALID judgement: counted (`grsd/invalid_judgements`), left out of the reflection loss,
+   training goes on.
+3. The reflection GRPO term (`compute_auxiliary_loss`): −α·token-mean(A^refl·log π_θ(reflection tokens)), the
+   judge scores z-scored within each group; every micro-batch of the generation batch forwards its share of the
+   reflections, so that the sum over micro-batches and processes is the token mean over all of them.
+4. Stage B, guidance (`compute_signals`): for groups with a success and a failure, the policy (no gradient)
+   summarises the group's reflections into guidance (one batched call); the teacher (`teacher`, the current policy)
+   then scores every step of those groups with the guidance before the step prompt (the `teacher_logprobs` signal
+   under a privileged view whose source is the guidance), and the policy scores them under the plain prompt.
+5. Turn-level modulation (`compute_advantages`): the GRPO advantage of each step row of a mixed group becomes
+   A·max(1 + λ·clip(g, ±g_max), 0.1), g from the teacher–student gap of the turn; other groups keep A.
+
+Example:
+    ```python
+    from datasets import Dataset
+    from trl_agents.envs import get_env_class
+    from trl_agents.trainers.grsd import GRSDConfig, GRSDTrainer
+
+    tasks = Dataset.from_list(get_env_class("alfworld").task_split("train", 512))
+    config = GRSDConfig(output_dir="alfworld-grsd", max_turns=50, grsd_judge="endpoint",
+                        grsd_judge_url="http://localhost:8001")  # e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct`
+    GRSDTrainer(model="Qwen/Qwen3-1.7B", args=config, train_dataset=tasks).train()
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..credit.base import check_choice
+from ..distill.grsd import (
+    group_has_mix,
+    modulated_advantages,
+    reflection_advantages,
+    reflection_token_terms,
+    turn_logprob_gap,
+    turn_modulation,
+    warmdown_lambda,
+)
+from ..judges import EndpointJudge, GeneratorJudge, LocalJudge, Messages, as_judge
+from ..rollout.generators import SamplingParams
+from ..signals.model import assign, score_units, scoring_units
+from ..trajectory import Group, Trajectory
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _no_gradient_checkpointing
+from .registry import MethodInfo
+
+JUDGES = ("policy", "endpoint", "local")
+JUDGE_APIS = ("chat", "completions")
+STUDENT_SOURCES = ("rescore", "behaviour")
+SCORE_LOW, SCORE_HIGH = 0, 3
+# Keys of `step.signals` GRSD writes (JSON-able, so they land in the trajectory records): the guidance of a mixed
+# group (on the first step of each of its episodes), each episode's reflection and judge score (on its last step),
+# and the student's log-probs of the turns of mixed groups.
+GUIDANCE = "grsd_guidance"
+REFLECTION = "grsd_reflection"
+JUDGE_SCORE = "grsd_judge_score"
+STUDENT = "grsd_student_logprobs"
+TEACHER = "teacher_logprobs"
+# The reference code's teacher prompt: the guidance, under this heading, before the student's own user message.
+GRSD_TEMPLATE = "[Privileged Skill Information]\n{context}\n\n{prompt}"
+
+
+@dataclass
+class GRSDConfig(AgentGRPOConfig):
+    r"""
+    Configuration of [`GRSDTrainer`]: every [`AgentGRPOConfig`] field plus GRSD's (docs/methods/grsd.md).
+
+    Args:
+        grsd_lambda (`float`, defaults to `0.5`): λ of the modulation A·max(1 + λ·ĝ, 0.1).
+        grsd_eta (`float`, defaults to `0.0`): η, dead zone on the normalised signal.
+        grsd_g_max (`float`, defaults to `0.2`): clip of the signal g.
+        grsd_warmdown_steps (`int`, defaults to `0`): linear warm-down of λ to 0 (0 = off).
+        grsd_reflect_coef (`float`, defaults to `0.01`): α, weight of the reflection GRPO term.
+        grsd_judge (`str`, defaults to `"policy"`): `"policy"`, `"endpoint"` or `"local"`.
+    """
+
+    grsd_lambda: float = field(
+        default=0.5, metadata={"help": "λ of the turn-level modulation Â = A·max(1 + λ·ĝ, 0.1) (GRSD launcher: 0.5)."}
+    )
+    grsd_eta: float = field(
+        default=0.0, metadata={"help": "η: |normalised signal| <= η gives no modulation (GRSD launcher: 0)."}
+    )
+    grsd_g_max: float = field(
+        default=0.2,
+        metadata={"help": "Clip of the normalised signal g to ±g_max (GRSD launcher: 0.2; the reference function's "
+        "default is 3.0)."},
+    )
+    grsd_warmdown_steps: int = field(
+        default=0,
+        metadata={"help": "Linear warm-down of λ to 0 over this many optimizer steps (GRSD's optional schedule); 0 = "
+        "off, λ throughout (the launcher's setting)."},
+    )
+    grsd_reflect_coef: float = field(
+        default=0.01,
+        metadata={"help": "α, weight of the reflection GRPO term −α·token-mean(A_refl·log π) (GRSD reflect_loss_coef: "
+        "0.01); 0 = no reflection update (reflections are still written for the guidance)."},
+    )
+    grsd_student_logprobs: str = field(
+        default="rescore",
+        metadata={"help": "Student side ℓ_stu of the teacher–student gap: 'rescore' (the policy scores each turn of a "
+        "mixed group under its plain prompt, one no-grad forward, as verl recomputes old log-probs) or 'behaviour' "
+        "(the sampling log-probs the generator recorded; no forward, but vLLM's numerics differ from the "
+        "teacher's). Our choice: 'rescore'."},
+    )
+    grsd_obs_chars: int = field(
+        default=400,
+        metadata={"help": "Observations in the reflection prompt are cut to this many characters (GRSD: 400)."},
+    )
+    grsd_action_chars: int = field(
+        default=600, metadata={"help": "Actions in the reflection prompt are cut to this many characters (GRSD: 600)."}
+    )
+    grsd_max_history_turns: int = field(
+        default=50, metadata={"help": "At most this many turns of an episode in its reflection prompt (GRSD: 50)."}
+    )
+    grsd_reflection_max_prompt_tokens: int | None = field(
+        default=8096,
+        metadata={"help": "Longest reflection prompt in tokens (GRSD: REFLECT_MAX_PROMPT_LENGTH=8096): a longer one "
+        "shows fewer turns (the first ones) until it fits. None = no limit."},
+    )
+    grsd_reflection_max_tokens: int = field(
+        default=256,
+        metadata={"help": "Token budget of one reflection (3 short points). Our choice: 256 (the paper does not give "
+        "the policy's reflection budget)."},
+    )
+    grsd_guidance_max_tokens: int = field(
+        default=512,
+        metadata={"help": "Token budget of a group's guidance (two short bullet lists), generated greedily. Our "
+        "choice: "
+        "512 and greedy decoding (the reference's external-LLM variant builds its guidance at temperature 0)."},
+    )
+    grsd_judge: str = field(
+        default="policy",
+        metadata={"help": "Who scores the reflections 0-3: 'policy' (the policy itself with our rubric prompt, greedy, "
+        "through the trainer's generator: no extra model; our choice of default, the paper uses gpt-4o-mini), "
+        "'endpoint' (an OpenAI-compatible server at grsd_judge_url, e.g. `vllm serve`), 'local' (a transformers "
+        "model at grsd_judge_model). A callable passed as GRSDTrainer(judge=...) replaces all three."},
+    )
+    grsd_judge_url: str | None = field(
+        default=None,
+        metadata={"help": "Base URL of the endpoint judge, e.g. http://localhost:8001 (probed with GET /v1/models "
+        "when the trainer is built)."},
+    )
+    grsd_judge_model: str | None = field(
+        default=None,
+        metadata={"help": "'endpoint': the served model's name (None = the first one the server lists); 'local': the "
+        "model's path or Hub id (required)."},
+    )
+    grsd_judge_api: str = field(
+        default="chat",
+        metadata={"help": "Route of the endpoint judge: 'chat' (/v1/chat/completions) or 'completions' "
+        "(/v1/completions with the chat as plain text)."},
+    )
+    grsd_judge_timeout: float = field(
+        default=60.0,
+        metadata={"help": "Seconds one endpoint judgement may take; past it the judgement is invalid (GRSD: 60)."},
+    )
+    grsd_judge_max_tokens: int = field(
+        default=16, metadata={"help": "Token budget of one judgement (GRSD: 16; the score is its first number)."}
+    )
+    grsd_judge_workers: int = field(
+        default=16, metadata={"help": "Endpoint judgements sent at once (GRSD: 16 concurrent requests)."}
+    )
+    privileged_template: str = field(
+        default=GRSD_TEMPLATE,
+        metadata={"help": "How the group's guidance enters the teacher's user message (GRSD's teacher prompt: the "
+        "guidance under '[Privileged Skill Information]', then the student's prompt)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, lowest, strict in (("grsd_lambda", 0.0, False), ("grsd_eta", 0.0, False),
+                                     ("grsd_g_max", 0.0, True), ("grsd_reflect_coef", 0.0, False),
+                                     ("grsd_judge_timeout", 0.0, True)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and (value > lowest if strict else value >= lowest)):
+                raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lowest:g}, got {value}")
+        for name in ("grsd_obs_chars", "grsd_action_chars", "grsd_max_history_turns", "grsd_reflection_max_tokens",
+                     "grsd_guidance_max_tokens", "grsd_judge_max_tokens", "grsd_judge_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.grsd_reflection_max_prompt_tokens is not None and self.grsd_reflection_max_prompt_tokens < 1:
+            raise ValueError("grsd_reflection_max_prompt_tokens must be >= 1 or None (no limit), got "
+                             f"{self.grsd_reflection_max_prompt_tokens}")
+        if self.grsd_warmdown_steps < 0:
+            raise ValueError(f"grsd_warmdown_steps must be >= 0 (0 = off), got {self.grsd_warmdown_steps}")
+        check_choice("grsd_judge", self.grsd_judge, JUDGES)
+        check_choice("grsd_judge_api", self.grsd_judge_api, JUDGE_APIS)
+        check_choice("grsd_student_logprobs", self.grsd_student_logprobs, STUDENT_SOURCES)
+        if self.grsd_judge == "endpoint" and not self.grsd_judge_url:
+            raise ValueError("grsd_judge='endpoint' needs grsd_judge_url (e.g. http://localhost:8001, a `vllm serve` "
+                             "server); or use grsd_judge='policy'")
+        if self.grsd_judge == "local" and not self.grsd_judge_model:
+            raise ValueError("grsd_judge='local' needs grsd_judge_model (a model path or Hub id)")
+        if self.privileged_source != "env":
+            raise ValueError(f"privileged_source={self.privileged_source!r} is not used by GRSD, whose teacher reads "
+                             "the group's guidance: leave privileged_source at its default")
+        if self.num_iterations != 1 and self.grsd_reflect_coef > 0:
+            raise ValueError(f"num_iterations={self.num_iterations}: GRSD's reflection term is an on-policy update "
+                             "(one pass, ratio 1); set num_iterations=1 or grsd_reflect_coef=0")
+
+
+def guidance_source(trajectory: Trajectory, index: int) -> str:
+    """The privileged text of the teacher's view: the guidance of the episode's group (on its first step)."""
+    return str(trajectory.steps[0].signals.get(GUIDANCE, "")) if trajectory.steps else ""
+
+
+class GRSDTrainer(AgentGRPOTrainer):
+    """GRSD on `AgentGRPOTrainer` (see the module docstring): `compute_signals` (reflections, judge, guidance,
+    teacher and student scores), `compute_advantages` (the modulation) and `compute_auxiliary_loss` (the reflection
+    term).
+
+    Args:
+        judge: Optional callable `judge(prompts) -> scores`: one chat (a list of messages) per reflection, one answer
+            per chat (a number on 0-3, a text whose first number is the score, or None); it replaces `grsd_judge`.
+            Every other argument is `AgentGRPOTrainer`'s.
+
+    Logs `grsd/mixed_groups` (groups with guidance, total over processes), `grsd/mean_judge_score` (over valid
+    judgements), `grsd/invalid_judgements` (total), `grsd/reflect_loss` (token mean of −A·log π over each
+    micro-batch's reflections, before α), `grsd/mean_modulation` (mean factor over the step rows of mixed groups),
+    `grsd/skill_gap` (mean δ), and `grsd/reflection_seconds`, `grsd/judge_seconds`, `grsd/guidance_seconds`.
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "grsd"]
+    _name = "GRSD"
+    _config_class = GRSDConfig
+    methods = (
+        MethodInfo("grsd", "arXiv 2607.28076", "trl_agents.distill.grsd", title="GRSD",
+                   hook="compute_advantages + compute_auxiliary_loss",
+                   inputs=("episode returns", "success labels", "policy reflections scored by a judge",
+                           "teacher log-probs of the sampled actions under the group's guidance"),
+                   tests=("tests/test_grsd.py", "tests/test_distill_grsd.py")),
+    )
+    signals = (TEACHER,)
+    training_signals = ()
+
+    def __init__(self, *positional, judge=None, **keywords):
+        if judge is not None and not callable(judge):
+            raise TypeError(f"judge must be callable (prompts -> scores), got {type(judge).__name__}")
+        args = keywords.get("args", positional[1] if len(positional) > 1 else None)
+        # An external judge is set up (probed, loaded) before the model: a bad URL stops the run right here.
+        external = None
+        if judge is None and isinstance(args, GRSDConfig) and args.grsd_judge != "policy":
+            external = build_judge(args)
+        super().__init__(*positional, **keywords)
+        if judge is not None:
+            self.judge = as_judge(judge, SCORE_LOW, SCORE_HIGH)
+        elif external is not None:
+            self.judge = external
+        elif self.args.grsd_judge != "policy":
+            self.judge = build_judge(self.args)
+        else:
+            self.judge = GeneratorJudge(self._policy_answers, low=SCORE_LOW, high=SCORE_HIGH)
+        if isinstance(self.judge, LocalJudge):  # loaded on the CPU: judge next to the policy
+            self.judge.model = self.judge.model.to(self.accelerator.device)
+        self._reflection_batch: list[tuple[list[int], list[int], float]] = []
+        self._reflection_tokens = 0.0  # reflection tokens of the generation batch, over every process
+
+    @classmethod
+    def signal_options(cls, args: Any) -> dict[str, dict[str, Any]]:
+        view = {"source": guidance_source, "template": args.privileged_template}
+        return {TEACHER: view, "teacher_prompt": view}
+
+    # ---- after the rollout: reflections, judge, guidance, teacher and student scores --------------------------------
+
+    def compute_signals(self, groups: list[Group]) -> None:
+        self._reflection_batch = []
+        self._reflection_tokens = 0.0
+        if not self.model.training:  # evaluation: plain GRPO, nothing generated
+            return
+        args = self.args
+        episodes = [(g, t) for g, group in enumerate(groups) for t in group.trajectories if t.steps]
+
+        start = time.perf_counter()  # Stage A: one batched generation for every episode
+        prompts, shown = [], []
+        for _, trajectory in episodes:
+            ids, turns = self._reflection_prompt(trajectory)
+            prompts.append(ids)
+            shown.append(turns)
+        out = self.generator.generate(prompts, self._sampling(args.grsd_reflection_max_tokens, greedy=False))
+        texts = [self._tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in out.completion_ids]
+        reflection_seconds = time.perf_counter() - start
+
+        start = time.perf_counter()  # the judge: empty reflections score 0 without a call (as the reference)
+        asked = [i for i, text in enumerate(texts) if text]
+        answers = self.judge([judge_messages(episodes[i][1], texts[i], args, shown[i]) for i in asked])
+        if len(answers) != len(asked):
+            raise ValueError(f"the judge returned {len(answers)} scores for {len(asked)} reflections")
+        scores: list[float | None] = [0.0] * len(texts)
+        for i, score in zip(asked, answers, strict=True):
+            scores[i] = score
+        judge_seconds = time.perf_counter() - start
+        invalid = sum(s is None for s in scores)
+
+        by_group: dict[int, list[int]] = {}
+        for index, (g, trajectory) in enumerate(episodes):
+            by_group.setdefault(g, []).append(index)
+            trajectory.steps[-1].signals[REFLECTION] = texts[index]
+            trajectory.steps[-1].signals[JUDGE_SCORE] = scores[index]
+        for members in by_group.values():
+            for index, advantage in zip(members, reflection_advantages([scores[i] for i in members]), strict=True):
+                if advantage is not None and out.completion_ids[index]:
+                    self._reflection_batch.append((prompts[index], list(out.completion_ids[index]), advantage))
+
+        start = time.perf_counter()  # Stage B: one batched (greedy) generation for the mixed groups
+        mixed = [g for g, group in enumerate(groups) if group_has_mix([t.success for t in group.trajectories])]
+        guidance_prompts = [
+            self.renderer.messages_ids(
+                guidance_messages(groups[g], [(episodes[i][1], texts[i]) for i in by_group.get(g, [])])
+            )
+            for g in mixed
+        ]
+        guidance = self.generator.generate(guidance_prompts, self._sampling(args.grsd_guidance_max_tokens, greedy=True))
+        with_guidance = []
+        for g, ids in zip(mixed, guidance.completion_ids, strict=True):
+            text = self._tokenizer.decode(ids, skip_special_tokens=True).strip()
+            if text:  # an empty guidance gives the teacher nothing: the group stays plain GRPO (our choice)
+                for trajectory in groups[g].trajectories:
+                    if trajectory.steps:
+                        trajectory.steps[0].signals[GUIDANCE] = text
+                with_guidance.append(groups[g])
+        guidance_seconds = time.perf_counter() - start
+
+        super().compute_signals(with_guidance)  # teacher log-probs under the guidance, on the mixed groups only
+        if args.grsd_student_logprobs == "rescore":
+            self._score_students(with_guidance)
+
+        tokens = float(sum(len(ids) for _, ids, _ in self._reflection_batch))
+        processes = self.accelerator.num_processes
+        if processes > 1:  # the loss divides by the reflection tokens of every process
+            total = torch.tensor([tokens], dtype=torch.float64, device=self.accelerator.device)
+            tokens = float(self.accelerator.reduce(total, reduction="sum").item())
+        self._reflection_tokens = tokens
+        valid = [s for s in scores if s is not None]
+        self.log_global_means({
+            "grsd/mean_judge_score": (sum(valid), len(valid)),
+            # totals over processes: each process logs (its count × processes, 1), whose mean is the sum
+            "grsd/invalid_judgements": (invalid * processes, 1),
+            "grsd/mixed_groups": (len(with_guidance) * processes, 1),
+            "grsd/reflection_tokens": (tokens, 1),
+            "grsd/reflection_seconds": (reflection_seconds, 1),
+            "grsd/judge_seconds": (judge_seconds, 1),
+            "grsd/guidance_seconds": (guidance_seconds, 1),
+        })
+
+    def _reflection_prompt(self, trajectory: Trajectory) -> tuple[list[int], int]:
+        """The reflection prompt's ids and the turns it shows: at most `grsd_max_history_turns`, fewer (the first
+        ones) when the prompt would be longer than `grsd_reflection_max_prompt_tokens`."""
+        limit, turns = self.args.grsd_reflection_max_prompt_tokens, self.args.grsd_max_history_turns
+        while True:
+            ids = self.renderer.messages_ids(reflection_messages(trajectory, self.args, turns))
+            if limit is None or len(ids) <= limit or turns <= 1:
+                return ids, turns
+            turns = max(1, min(turns - 1, turns * limit // len(ids)))
+
+    @torch.no_grad()
+    def _score_students(self, groups: list[Group]) -> None:
+        """ℓ_stu's tokens: the policy's log-probs of each turn of `groups` under its own prompt."""
+        context = self.signal_context
+        units = scoring_units(groups, context.row_format)
+        with _no_gradient_checkpointing(self), context.model_context() as model:
+            scored = score_units(model, units, pad_token_id=context.pad_token_id, temperature=context.temperature,
+                                 max_rows=context.max_rows_per_forward, max_tokens=context.max_tokens_per_forward)
+        assign(units, [logps for logps, _ in scored], STUDENT)
+
+    def _sampling(self, max_new_tokens: int, greedy: bool) -> SamplingParams:
+        sampling = self._sampling_params()
+        sampling.max_new_tokens = max_new_tokens
+        sampling.greedy = greedy
+        return sampling
+
+    def _policy_answers(self, prompts: list[Messages]) -> list[str]:
+        """The policy judge: one greedy batched generation of at most `grsd_judge_max_tokens` tokens (called on
+        every process, also with no prompt, as a collective generator needs)."""
+        ids = [self.renderer.messages_ids(messages) for messages in prompts]
+        out = self.generator.generate(ids, self._sampling(self.args.grsd_judge_max_tokens, greedy=True))
+        return [self._tokenizer.decode(c, skip_special_tokens=True) for c in out.completion_ids]
+
+    # ---- credit: GRPO, modulated on mixed groups --------------------------------------------------------------------
+
+    def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
+        base = super().compute_advantages(groups)
+        args = self.args
+        lam = warmdown_lambda(args.grsd_lambda, self.state.global_step, args.grsd_warmdown_steps)
+        factors, gaps = [], []
+        out = []
+        for group, group_advantages in zip(groups, base, strict=True):
+            if not any(t.steps and GUIDANCE in t.steps[0].signals for t in group.trajectories):  # not mixed
+                out.append(group_advantages)
+                continue
+            rows, flat, deltas = [], [], []
+            for i, trajectory in enumerate(group.trajectories):
+                for t, step in enumerate(trajectory.steps):
+                    student = step.signals.get(STUDENT) if args.grsd_student_logprobs == "rescore" else \
+                        step.action_logprobs
+                    rows.append((i, t))
+                    flat.append(float(group_advantages[i][t]))
+                    deltas.append(turn_logprob_gap(step.signals.get(TEACHER), student))
+            modulated = modulated_advantages(flat, deltas, True, lam=lam, eta=args.grsd_eta, g_max=args.grsd_g_max)
+            factors += turn_modulation(flat, deltas, lam=lam, eta=args.grsd_eta, g_max=args.grsd_g_max)
+            gaps += [d for d in deltas if d is not None]
+            new = [list(map(float, row)) for row in group_advantages]
+            for (i, t), value in zip(rows, modulated, strict=True):
+                new[i][t] = value
+            out.append(new)
+        self.log_global_means({
+            "grsd/mean_modulation": (sum(factors), len(factors)),
+            "grsd/skill_gap": (sum(gaps), len(gaps)),
+            "grsd/lambda": (lam, 1),
+        })
+        return out
+
+    # ---- loss: the reflection GRPO term ---------------------------------------------------------------------------
+
+    def compute_auxiliary_loss(self, model, inputs: dict[str, Any], per_token_logps):
+        args = self.args
+        if not self.model.training or args.grsd_reflect_coef == 0 or self._reflection_tokens <= 0:
+            return None
+        if self.loss_chunk[0] != 0:  # a micro-batch split by max_tokens_per_forward: its share goes with chunk 0
+            return None
+        chunks = args.steps_per_generation
+        share = reflection_share(self._reflection_batch, self._step % chunks, chunks)
+        multi = self.accelerator.num_processes > 1
+        if not share and not multi:
+            self.log_global_means({"grsd/reflect_loss": (0.0, 0)})
+            return None
+        # Every process forwards in every micro-batch (a stand-in row weighted 0 where it has no reflection), so that
+        # sharded models (FSDP, ZeRO-3) see the same collectives on every process.
+        rows = share or [(self._reflection_batch[0][0] if self._reflection_batch else [0], [0], 0.0)]
+        logps, mask = sequence_logps(model, [p for p, _, _ in rows], [c for _, c, _ in rows],
+                                     self._tokenizer.pad_token_id or 0, self.temperature)
+        advantages = torch.tensor([a for _, _, a in rows], device=logps.device, dtype=logps.dtype)
+        if not share:
+            mask = torch.zeros_like(mask)
+        terms = reflection_token_terms(logps, advantages)
+        kept = torch.where(mask.bool(), terms, torch.zeros_like(terms))
+        self.log_global_means({"grsd/reflect_loss": (float(kept.detach().sum()), float(mask.sum()))})
+        # token mean over the generation batch: Σ(this share) / (reflection tokens / processes / micro-batches), in
+        # compute_auxiliary_loss's convention (before the division by the accumulation steps), as batch_token_mean
+        normalizer = self._reflection_tokens / self.accelerator.num_processes / chunks
+        return args.grsd_reflect_coef * kept.sum() / normalizer
+
+
+def reflection_share(batch: list, index: int, chunks: int) -> list:
+    """The reflections micro-batch `index` of `chunks` trains: contiguous, as even as possible (the first
+    len % chunks shares one longer).
+
+    >>> [reflection_share(list(range(5)), k, 2) for k in range(2)]
+    [[0, 1, 2], [3, 4]]
+    """
+    size, extra = divmod(len(batch), chunks)
+    start = index * size + min(index, extra)
+    return batch[start : start + size + (index < extra)]
+
+
+def sequence_logps(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int, temperature: float):
+    """(B, T) log-probs of each completion after its prompt (with gradient; prompts left-padded, completions
+    right-padded, as TRL lays out rows) and the (B, T) mask of the real completion tokens."""
+    device = next(model.parameters()).device
+    width_p, width_c = max(len(p) for p in prompts), max(len(c) for c in completions)
+    ids = torch.full((len(prompts), width_p + width_c), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((len(prompts), width_c), dtype=torch.long)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        start = width_p - len(prompt)
+        ids[row, start : width_p + len(completion)] = torch.tensor(prompt + completion)
+        attention[row, start : width_p + len(completion)] = 1
+        mask[row, : len(completion)] = 1
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=width_c + 1).logits
+    logps = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    targets = ids[:, width_p:].to(device)
+    return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1), mask.to(device)
+
+
+def build_judge(args: GRSDConfig):
+    """The judge `args` name ('endpoint': probed now; 'local': loaded now). `JudgeUnavailable` (a ValueError with a
+    one-line message) when it cannot be reached or loaded."""
+    if args.grsd_judge == "endpoint":
+        judge = EndpointJudge(args.grsd_judge_url, args.grsd_judge_model, api=args.grsd_judge_api,
+                              timeout=args.grsd_judge_timeout, max_tokens=args.grsd_judge_max_tokens,
+                              workers=args.grsd_judge_workers, low=SCORE_LOW, high=SCORE_HIGH)
+        judge.probe(timeout=min(5.0, args.grsd_judge_timeout))
+        return judge
+    if args.grsd_judge == "local":
+        return LocalJudge(args.grsd_judge_model, max_tokens=args.grsd_judge_max_tokens, low=SCORE_LOW, high=SCORE_HIGH)
+    raise ValueError(f"grsd_judge={args.grsd_judge!r} has no external judge to build")
+
+
+# ---- our prompts ----------------------------------------------------------------------------------------------------
+
+
+def _cut(text: str | None, limit: int) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def task_text(trajectory: Trajectory) -> str:
+    """The task as the prompts state it: the environment's task text, else the system message and the first
+    observation stand for it."""
+    if trajectory.task_text.strip():
+        return trajectory.task_text.strip()
+    parts = trajectory.steps[0].prompt_parts if trajectory.steps else None
+    system = parts.system.strip() if parts is not None else ""
+    return system or "(stated in the first observation)"
+
+
+def episode_history(trajectory: Trajectory, obs_chars: int = 400, action_chars: int = 600, max_turns: int = 50) -> str:
+    """The episode turn by turn (at most `max_turns` turns): each observation cut to `obs_chars` characters, each
+    action to `action_chars`, and the observation that followed the last shown action.
+
+    >>> from trl_agents.trajectory import Step, Trajectory
+    >>> steps = [Step("S . G", "right", next_observation=". S G"), Step(". S G", "right", next_observation="done")]
+    >>> print(episode_history(Trajectory(task={}, steps=steps), obs_chars=3))
+    Turn 1 observation: S . [...]
+    Turn 1 action: right
+    Turn 2 observation: . S [...]
+    Turn 2 action: right
+    Final observation: don [...]
+    """
+    steps = trajectory.steps[:max_turns]
+    lines = []
+    for number, step in enumerate(steps, start=1):
+        lines.append(f"Turn {number} observation: {_cut(step.observation, obs_chars)}")
+        lines.append(f"Turn {number} action: {_cut(step.action_text.strip(), action_chars)}")
+    if steps and steps[-1].next_observation:
+        lines.append(f"Final observation: {_cut(steps[-1].next_observation, obs_chars)}")
+    if len(trajectory.steps) > max_turns:
+        lines.append(f"({len(trajectory.steps) - max_turns} later turns not shown)")
+    return "\n".join(lines)
+
+
+def _outcome(trajectory: Trajectory) -> str:
+    return "SUCCEEDED" if trajectory.success else "FAILED"
+
+
+REFLECTION_SYSTEM = ("You study one episode of an agent acting in an environment and state, briefly, what it teaches "
+                     "about solving the task.")
+REFLECTION_INSTRUCTIONS = (
+    "Write exactly 3 numbered points, one sentence each, about the actions above. If the episode SUCCEEDED, name the "
+    "decisions that made it succeed. If it FAILED, name what went wrong and what the agent should have done instead. "
+    "Output only the 3 points."
+)
+JUDGE_SYSTEM = "You grade reflections on agent episodes. You answer with a single digit."
+JUDGE_RUBRIC = (
+    "Grade the reflection from 0 to 3:\n"
+    "3 = correct about what decided the outcome, specific to these actions, and useful for the next attempt;\n"
+    "2 = mostly correct and specific, with a gap or a vague point;\n"
+    "1 = generic, vague, or partly wrong;\n"
+    "0 = wrong, off-topic, empty, or at odds with the outcome.\n"
+    "Answer with the digit only."
+)
+GUIDANCE_SYSTEM = ("You turn reflections on several attempts at the same task into short guidance for the next "
+                   "attempt.")
+GUIDANCE_INSTRUCTIONS = (
+    "Write guidance for a new attempt at this task in exactly two parts and nothing else:\n"
+    "What to do:\n- 3 to 5 short bullets taken from the successful attempts\n"
+    "Mistakes to avoid:\n- 3 to 5 short bullets taken from the failed attempts"
+)
+
+
+def reflection_messages(trajectory: Trajectory, args: Any, max_turns: int | None = None) -> Messages:
+    """Stage A's chat for one episode (our prompt): task, outcome, turn-by-turn history (at most `max_turns` turns,
+    default `grsd_max_history_turns`), instructions."""
+    turns = args.grsd_max_history_turns if max_turns is None else max_turns
+    history = episode_history(trajectory, args.grsd_obs_chars, args.grsd_action_chars, turns)
+    user = (f"Task:\n{task_text(trajectory)}\n\nOutcome: this episode {_outcome(trajectory)}.\n\n"
+            f"Episode, turn by turn:\n{history}\n\n{REFLECTION_INSTRUCTIONS}")
+    return [{"role": "system", "content": REFLECTION_SYSTEM}, {"role": "user", "content": user}]
+
+
+def judge_messages(trajectory: Trajectory, reflection: str, args: Any, max_turns: int | None = None) -> Messages:
+    """The judge's chat for one reflection (our rubric): the episode as the reflection saw it, the reflection."""
+    turns = args.grsd_max_history_turns if max_turns is None else max_turns
+    history = episode_history(trajectory, args.grsd_obs_chars, args.grsd_action_chars, turns)
+    user = (f"Task:\n{task_text(trajectory)}\n\nOutcome: this episode {_outcome(trajectory)}.\n\n"
+            f"Episode, turn by turn:\n{history}\n\nReflection to grade:\n{reflection}\n\n{JUDGE_RUBRIC}")
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def guidance_messages(group: Group, reflections: list[tuple[Trajectory, str]]) -> Messages:
+    """Stage B's chat for one mixed group (our prompt): the reflections of its successes and of its failures."""
+
+    def block(items: list[str]) -> str:
+        return "\n\n".join(f"[Attempt {k}]\n{text}" for k, text in enumerate(items, start=1)) or "(none)"
+
+    good = [text for trajectory, text in reflections if trajectory.success and text]
+    bad = [text for trajectory, text in reflections if not trajectory.success and text]
+    task = task_text(group.trajectories[0]) if group.trajectories else ""
+    user = (f"Task:\n{task}\n\nReflections on attempts that succeeded:\n{block(good)}\n\n"
+            f"Reflections on attempts that failed:\n{block(bad)}\n\n{GUIDANCE_INSTRUCTIONS}")
+    return [{"role": "system", "content": GUIDANCE_SYSTEM}, {"role": "user", "content": user}]
