@@ -85,6 +85,10 @@ def test_rows_without_a_task(tiny_model, tokenizer, tmp_path):
                          processing_class=tokenizer)
     with pytest.raises(ValueError, match="needs a `train_dataset` of task rows"):
         AgentGRPOTrainer(model=tiny_model, args=config(tmp_path), processing_class=tokenizer)
+    # an empty dataset would "train" 0 steps without a word
+    empty = Dataset.from_list([{"env": "sokoban", "seed": 1}]).select([])
+    with pytest.raises(ValueError, match="`train_dataset` has no task rows: training on it would run 0 steps"):
+        AgentGRPOTrainer(model=tiny_model, args=config(tmp_path), train_dataset=empty, processing_class=tokenizer)
 
 
 def test_model_without_a_chat_template(tiny_model, tokenizer, tmp_path):

@@ -46,11 +46,32 @@ def _steps(out: str) -> list[tuple[int, float, float]]:
     return [(entry["step"], entry["loss"], entry["reward"]) for entry in history if "loss" in entry]
 
 
-@pytest.mark.slow
-def test_a_killed_cli_run_resumes_at_the_next_step_as_if_never_killed(tmp_path):
-    config_a, out_a = _config(tmp_path, "straight")
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The output_dir of the uninterrupted run both kills are compared with."""
+    config_a, out_a = _config(tmp_path_factory.mktemp("straight"), "straight")
     done = _train(config_a)
     assert done.returncode == 0, done.stderr[-2000:]
+    return out_a
+
+
+def _same_as_uninterrupted(out_a: str, out_b: str) -> None:
+    # Every step's loss and reward, the ones before the kill (from the checkpoint's state) and after it.
+    assert [step for step, _, _ in _steps(out_b)] == [1, 2, 3, 4, 5]
+    assert _steps(out_b) == _steps(out_a)
+    # The trajectory rows: each rollout once, the same episodes as the uninterrupted run, one config hash.
+    rows_a, rows_b = load_trajectories(out_a), load_trajectories(out_b)
+    columns = ["rollout", "global_step", "episode_uid", "step", "action_ids", "reward", "advantage"]
+    assert rows_b.select_columns(columns).to_list() == rows_a.select_columns(columns).to_list()
+    assert sorted(set(rows_b["global_step"])) == [0, 1, 2, 3, 4] and len(set(rows_b["config_hash"])) == 1
+    results = json.load(open(os.path.join(out_b, "eval_results.json")))
+    assert results["rl_steps"] == 5
+    assert results["eval_before_rl"] == json.load(open(os.path.join(out_a, "eval_results.json")))["eval_before_rl"]
+
+
+@pytest.mark.slow
+def test_a_killed_cli_run_resumes_at_the_next_step_as_if_never_killed(tmp_path, straight):
+    out_a = straight
 
     config_b, out_b = _config(tmp_path, "killed")
     process = _train(config_b, wait=False)
@@ -70,21 +91,51 @@ def test_a_killed_cli_run_resumes_at_the_next_step_as_if_never_killed(tmp_path):
     assert "warm start skipped" in resumed.stdout  # the checkpoint holds the weights: no second warm start
     assert json.load(open(os.path.join(out_b, "run_info.json")))["config_hash"] == hash_before
 
-    # Every step's loss and reward, the ones before the kill (from the checkpoint's state) and after it.
-    assert [step for step, _, _ in _steps(out_b)] == [1, 2, 3, 4, 5]
-    assert _steps(out_b) == _steps(out_a)
-    # The trajectory rows: each rollout once, the same episodes as the uninterrupted run, one config hash.
-    rows_a, rows_b = load_trajectories(out_a), load_trajectories(out_b)
-    columns = ["rollout", "global_step", "episode_uid", "step", "action_ids", "reward", "advantage"]
-    assert rows_b.select_columns(columns).to_list() == rows_a.select_columns(columns).to_list()
-    assert sorted(set(rows_b["global_step"])) == [0, 1, 2, 3, 4] and set(rows_b["config_hash"]) == {hash_before}
+    _same_as_uninterrupted(out_a, out_b)
+    assert set(load_trajectories(out_b)["config_hash"]) == {hash_before}
     superseded = os.path.join(out_b, "trajectories", "superseded")
     if os.path.isdir(superseded):  # rollouts the killed run generated after its last checkpoint: kept aside
         for folder in os.listdir(superseded):
             assert folder.startswith(f"resume-{killed_at}-")
-    results = json.load(open(os.path.join(out_b, "eval_results.json")))
-    assert results["rl_steps"] == 5
-    assert results["eval_before_rl"] == json.load(open(os.path.join(out_a, "eval_results.json")))["eval_before_rl"]
+
+
+# The CLI (`trl_agents.cli.main`), with the parquet writer made to die halfway through the 4th shard (rollout 3,
+# generated after checkpoint-3): a crash in the middle of writing a shard.
+DYING_CLI = """
+import io, os, sys
+import pyarrow.parquet as pq
+real_write_table, shards = pq.write_table, []
+
+def write_then_die(table, where, **kwargs):
+    shards.append(where)
+    if len(shards) < 4:
+        return real_write_table(table, where, **kwargs)
+    buffer = io.BytesIO()
+    real_write_table(table, buffer, **kwargs)
+    where.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    where.flush()
+    os._exit(17)
+
+pq.write_table = write_then_die
+from trl_agents.cli import main
+main(["train", "--config", sys.argv[1]])
+"""
+
+
+@pytest.mark.slow
+def test_a_cli_run_killed_while_writing_a_shard_resumes_as_if_never_killed(tmp_path, straight):
+    config_b, out_b = _config(tmp_path, "killed-mid-write")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    died = subprocess.run([sys.executable, "-c", DYING_CLI, config_b], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert died.returncode == 17, died.stderr[-3000:]
+    shards = os.path.join(out_b, "trajectories")
+    assert sorted(name.split(".parquet")[0] for name in os.listdir(shards)) == [
+        ".shard-000003-rank00", "shard-000000-rank00", "shard-000001-rank00", "shard-000002-rank00"]
+    resumed = _train(config_b, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not [name for name in os.listdir(shards) if name.endswith(".tmp")]  # the half-written shard is gone
+    _same_as_uninterrupted(straight, out_b)
 
 
 def _shard(directory, rollout: int, global_step: int) -> None:
