@@ -59,6 +59,17 @@ class Timer:
         setattr(owner, name, timed)
 
 
+def step_logs(trainer) -> list[dict]:
+    """The trainer's per-step log entries, each with `processed`: the tokens of that step (`num_tokens` counts them
+    since the start)."""
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    previous = 0.0
+    for h in logs:
+        h["processed"] = h["num_tokens"] - previous
+        previous = h["num_tokens"]
+    return logs
+
+
 def common_settings(args) -> dict:
     return {"max_steps": args.steps, "per_device_train_batch_size": 16, "num_generations": 8, "learning_rate": 1e-4,
             "max_completion_length": 3, "logging_steps": 1, "report_to": "none", "save_strategy": "no",
@@ -86,11 +97,8 @@ def run_trl(model_dir, tokenizer, args, output_dir) -> list[dict]:
                           train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    logs = [h for h in trainer.state.log_history if "step_time" in h]
-    previous = 0.0
+    logs = step_logs(trainer)
     for h in logs:
-        h["processed"] = h["num_tokens"] - previous
-        previous = h["num_tokens"]
         h["generated"] = h["completions/mean_length"] * 16
     return logs
 
@@ -134,11 +142,8 @@ def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turn
 
         trainer.add_callback(OptimizerTimer())
     trainer.train()
-    logs = [h for h in trainer.state.log_history if "step_time" in h]
-    previous = 0.0
+    logs = step_logs(trainer)
     for h in logs:
-        h["processed"] = h["num_tokens"] - previous
-        previous = h["num_tokens"]
         h["generated"] = h["rollout/generated_tokens"]
         h["parts"] = dict(timer.seconds.get(h["step"], {}))
     return logs

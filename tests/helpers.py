@@ -64,3 +64,26 @@ def train_and_check_moved(trainer, steps: int = 2) -> list[dict]:
     logs = [h for h in trainer.state.log_history if "env/success_rate" in h]
     assert len(logs) == steps
     return logs
+
+
+def dying_shard_writer(shard: int, exit_code: int = 17) -> str:
+    """Python source, to run before a training script in a subprocess, that makes the parquet writer die halfway
+    through the `shard`-th shard it writes (1-based): half the bytes written, then `os._exit(exit_code)`, as a crash
+    in the middle of a write."""
+    return f"""
+import io, os
+import pyarrow.parquet as pq
+real_write_table, shards = pq.write_table, []
+
+def write_then_die(table, where, **kwargs):
+    shards.append(where)
+    if len(shards) < {shard}:
+        return real_write_table(table, where, **kwargs)
+    buffer = io.BytesIO()
+    real_write_table(table, buffer, **kwargs)
+    where.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    where.flush()
+    os._exit({exit_code})
+
+pq.write_table = write_then_die
+"""

@@ -13,7 +13,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, Features
-from helpers import checkout_env
+from helpers import checkout_env, dying_shard_writer
 
 from trl_agents import records
 from trl_agents.records import (
@@ -276,25 +276,11 @@ def test_read_run_info_names_what_is_missing(tmp_path):
 
 # Trains on FrozenLake with checkpoints every step and kills itself (os._exit: no cleanup of any kind) when half of
 # the third trajectory shard is on disk, i.e. during the rollout of step 3, after checkpoint-2.
-CRASHING_RUN = """
-import io, json, os, sys
-import pyarrow.parquet as pq
+CRASHING_RUN = dying_shard_writer(3) + """
+import json, sys
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
 from trl_agents.testing import tiny_training_config
 
-real_write_table, shards = pq.write_table, []
-
-def write_then_die(table, where, **kwargs):
-    shards.append(where)
-    if len(shards) < 3:
-        return real_write_table(table, where, **kwargs)
-    buffer = io.BytesIO()
-    real_write_table(table, buffer, **kwargs)
-    where.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-    where.flush()
-    os._exit(17)
-
-pq.write_table = write_then_die
 model_dir, output_dir, settings, tasks = sys.argv[1:]
 config = tiny_training_config(AgentGRPOConfig, output_dir, **json.loads(settings))
 AgentGRPOTrainer(model=model_dir, args=config, train_dataset=json.loads(tasks)).train()

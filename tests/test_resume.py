@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import dying_shard_writer
 from test_cli import TINY_RUN
 
 from trl_agents.records import TRAJECTORY_SCHEMA, config_hash, load_trajectories, supersede_shards
@@ -101,22 +102,8 @@ def test_a_killed_cli_run_resumes_at_the_next_step_as_if_never_killed(tmp_path, 
 
 # The CLI (`trl_agents.cli.main`), with the parquet writer made to die halfway through the 4th shard (rollout 3,
 # generated after checkpoint-3): a crash in the middle of writing a shard.
-DYING_CLI = """
-import io, os, sys
-import pyarrow.parquet as pq
-real_write_table, shards = pq.write_table, []
-
-def write_then_die(table, where, **kwargs):
-    shards.append(where)
-    if len(shards) < 4:
-        return real_write_table(table, where, **kwargs)
-    buffer = io.BytesIO()
-    real_write_table(table, buffer, **kwargs)
-    where.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-    where.flush()
-    os._exit(17)
-
-pq.write_table = write_then_die
+DYING_CLI = dying_shard_writer(4) + """
+import sys
 from trl_agents.cli import main
 main(["train", "--config", sys.argv[1]])
 """
