@@ -155,10 +155,13 @@ def test_no_trainer_but_agent_grpo_defines_a_trl_private_method():
 
 
 # A path outside the repository: the research notes, the build machine's folders, or going up from the repository.
-OUTSIDE = re.compile(
-    r"methods_specs|methods_with_code|anchor_verl_agent|anchor_frameworks|trl_groundwork|gpu_notes|quickstart_probe"
-    r"|DESIGN\.md|shared/research|shared/seeds|/work/|\.\./shared|(?<![\w/\"'])envs\.md"
-)
+# Each name is written in two pieces joined at import, so that this file, which looks for them, cites none of them.
+_OUTSIDE_NAMES = [
+    ("methods", "_specs"), ("methods", "_with_code"), ("anchor", "_verl_agent"), ("anchor", "_frameworks"),
+    ("trl", "_groundwork"), ("gpu", "_notes"), ("quickstart", "_probe"), ("DESIGN", r"\.md"),
+    ("shared", "/research"), ("shared", "/seeds"), ("/wo", "rk/"), (r"\.\./", "shared"),
+]
+OUTSIDE = re.compile("|".join(head + tail for head, tail in _OUTSIDE_NAMES) + r"""|(?<![\w/"'])envs\.md""")
 
 
 def test_nothing_cites_a_path_outside_the_repository():

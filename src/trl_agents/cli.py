@@ -36,24 +36,27 @@ def packaged_config(name: str) -> str:
     return str(path)
 
 
-def _method_of(argv: list[str]) -> str:
-    """The `method` chosen on the command line or in the YAML file (it decides which config class parses)."""
+def _read_config(path: str) -> dict[str, Any]:
+    """The YAML config file's mapping, or a one-line ValueError naming the file, line and column."""
     import yaml
 
-    method = None
-    if "--config" in argv:
-        path = argv[argv.index("--config") + 1]
-        with open(path) as handle:
-            try:
-                loaded = yaml.safe_load(handle) or {}
-            except yaml.YAMLError as err:
-                mark = getattr(err, "problem_mark", None)
-                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-                raise ValueError(f"the config file {path} is not valid YAML:{where}: {problem}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"the config file {path} must be a mapping of keys to values, got a {type(loaded).__name__}")
-        method = loaded.get("method")
+    with open(path) as handle:
+        try:
+            loaded = yaml.safe_load(handle) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"the config file {path} is not valid YAML:{where}: {problem}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"the config file {path} must be a mapping of keys to values, got a {type(loaded).__name__}")
+    return loaded
+
+
+def _method_of(argv: list[str], config: dict[str, Any]) -> str:
+    """The `method` chosen on the command line or in the YAML file's `config` (it decides which config class
+    parses)."""
+    method = config.get("method")
     if "--method" in argv:
         method = argv[argv.index("--method") + 1]
     return method or "grpo"
@@ -72,10 +75,11 @@ def train(argv: list[str]) -> dict[str, Any]:
     config_path = argv[position] if position < len(argv) else None
     if config_path is None or not os.path.isfile(config_path):
         raise SystemExit(f"trl-agents train: config file not found: {config_path}")
-    method = get_method(_method_of(argv))
+    file_config = _read_config(config_path)
+    method = get_method(_method_of(argv, file_config))
     parser = _quiet(TrlParser)((RunArguments, method.config_class, ModelConfig), prog="trl-agents train")
     parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator); YAML/CLI still win
-    _check_keys(parser, argv, config_path)
+    _check_keys(parser, argv, config_path, file_config)
     run_args, config, model_args = parser.parse_args_and_config(argv)
     return run_training(run_args, config, model_args)
 
@@ -90,16 +94,14 @@ def _quiet(parser_class):
     return Quiet
 
 
-def _check_keys(parser, argv: list[str], config_path: str) -> None:
-    """Unknown keys, in the YAML file or on the command line, as a one-line error proposing the closest known key
-    (TRL's own message proposes `fail_with_unknown_args=False`, which the command line cannot set)."""
-    import yaml
-
+def _check_keys(parser, argv: list[str], config_path: str, file_config: dict[str, Any]) -> None:
+    """Unknown keys, in the YAML file (`file_config`, read from `config_path`) or on the command line, as a one-line
+    error proposing the closest known key (TRL's own message proposes `fail_with_unknown_args=False`, which the
+    command line cannot set)."""
     from .names import did_you_mean
 
     known = {action.dest for action in parser._actions} | {"config", "env"}  # `env:` sets environment variables
-    with open(config_path) as handle:
-        keys = [(key, f"the config file {config_path}") for key in (yaml.safe_load(handle) or {})]
+    keys = [(key, f"the config file {config_path}") for key in file_config]
     keys += [(arg[2:].split("=", 1)[0].replace("-", "_"), "the command line") for arg in argv if arg.startswith("--")]
     for key, where in keys:
         if key not in known:

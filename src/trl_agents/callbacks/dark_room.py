@@ -86,13 +86,11 @@ class DarkRoomMonitor(TrainerCallback):
         """Diagnostics of one rollout (a `RolloutBatch`), recorded in `history`; warns when a condition holds."""
         groups = [group.healthy() for group in rollout.groups]
         totals = collapse_totals(groups, dense=self.dense)
-        accelerator = getattr(self.trainer, "accelerator", None)
-        if accelerator is not None and accelerator.num_processes > 1:  # the whole batch's diagnostics, on every process
-            import torch
-
+        sum_over_processes = getattr(self.trainer, "sum_over_processes", None)
+        if sum_over_processes is not None:  # the whole batch's diagnostics, on every process
             names = sorted(totals)
-            summed = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=accelerator.device)
-            totals = dict(zip(names, map(tuple, accelerator.reduce(summed, reduction="sum").tolist()), strict=True))
+            flat = sum_over_processes([value for name in names for value in totals[name]])
+            totals = {name: (flat[2 * i], flat[2 * i + 1]) for i, name in enumerate(names)}
         stats = diagnostics_from_totals(totals, horizon=self._horizon())
         self.history.append({"step": step, **stats})
         self.check(stats)

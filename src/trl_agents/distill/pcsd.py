@@ -119,8 +119,8 @@ def pcsd_weights(
         >>> [round(w, 4) for w in pcsd_weights(decline, ones(6))[0].tolist()]  # SDAR: [0.9933, …, 0.7311, 0.5]
         [0.8864, 0.8713, 0.8402, 0.7765, 0.6513, 0.5]
     """
-    _check(beta=beta, short_window=short_window, long_window=long_window, decay=decay, var_offset=var_offset,
-           trend_coef=trend_coef, trend_scale=trend_scale, window=window, mix=mix)
+    check_weight_options(beta=beta, short_window=short_window, long_window=long_window, decay=decay,
+                         var_offset=var_offset, trend_coef=trend_coef, trend_scale=trend_scale, window=window, mix=mix)
     if delta.shape != mask.shape or delta.dim() != 2:
         raise ValueError(f"delta and mask must both be (B, T), got {tuple(delta.shape)} and {tuple(mask.shape)}")
     work = torch.promote_types(delta.dtype, torch.float32)
@@ -186,7 +186,11 @@ def pcsd_token_terms(
     return weights * (teacher - student), weights  # ℓ_t = sg(w_t)·(log π_T − log π_θ)
 
 
-def _check(*, beta, short_window, long_window, decay, var_offset, trend_coef, trend_scale, window, mix) -> None:
+def check_weight_options(
+    *, beta, short_window, long_window, decay, var_offset, trend_coef, trend_scale, window, mix
+) -> None:
+    """A one-line ValueError naming the first option of `pcsd_weights` out of its range (the trainer's config
+    prefixes it with `pcsd_`)."""
     def number(value):
         return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 

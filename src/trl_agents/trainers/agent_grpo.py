@@ -905,14 +905,27 @@ class AgentGRPOTrainer(GRPOTrainer):
         processes, skipped where Σ count is 0. One all-reduce for all of them, so every process must call it with
         the same names, whether or not it has anything to count."""
         names = sorted(ratios)
-        pairs = [ratios[name] for name in names]
-        if names and self.accelerator.num_processes > 1:
-            pairs = torch.tensor(pairs, dtype=torch.float64, device=self.accelerator.device)
-            pairs = self.accelerator.reduce(pairs, reduction="sum").tolist()
+        flat = self.sum_over_processes([value for name in names for value in ratios[name]]) if names else []
         metrics = self._metrics["train" if self.model.training else "eval"]
-        for name, (total, count) in zip(names, pairs, strict=True):
+        for index, name in enumerate(names):
+            total, count = flat[2 * index], flat[2 * index + 1]
             if count > 0:
                 metrics[name].append(total / count)
+
+    def log_global_totals(self, totals: dict[str, float]) -> None:
+        """Log each metric of `totals` (name -> this process's amount) as its sum over all processes (e.g. counts of
+        events in the generation batch). A collective, as `log_global_means`."""
+        share = 1.0 / self.accelerator.num_processes  # Σ share over the processes is 1: the mean is the sum
+        self.log_global_means({name: (float(value), share) for name, value in totals.items()})
+
+    def sum_over_processes(self, values: Sequence[float]) -> list[float]:
+        """`values` (floats) summed elementwise over all processes, in one all-reduce (as is with one process). Every
+        process must call it at the same point with as many values."""
+        values = [float(v) for v in values]
+        if self.accelerator.num_processes == 1:
+            return values
+        summed = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(summed, reduction="sum").tolist()
 
     # ---- rollout and scoring --------------------------------------------------------------------------------------
 
@@ -1039,7 +1052,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         if len(rows) > 0 or not self.model.training:
             self._empty_rollouts = 0
             return
-        self._empty_rollouts = getattr(self, "_empty_rollouts", 0) + 1
+        self._empty_rollouts += 1
         errors = sorted({t.error for t in batch.trajectories if t.error})
         reason = (
             "every episode of this rollout failed"
@@ -1093,8 +1106,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         if self.args.row_format == "conversation":
             output["tool_mask"] = padded(rows.env_mask, 1, "right", torch.long)
         # Masked copies still count as context but never as loss tokens: make sure they carry no mask either way.
-        loss_mask = completion_mask * output.get("tool_mask", 1)
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask(output).sum()).sum()
         return output
 
     def _add_old_and_ref_logps(self, output: dict[str, Any]) -> None:
@@ -1140,7 +1152,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         and the engine's probability of the sampled tokens, per token or per row, truncated or masked, over the
         trained tokens only (environment tokens of conversation rows excluded); and TRL's `sampling/` metrics."""
         old, sampled = output["old_per_token_logps"], output["sampling_per_token_logps"]
-        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        mask = loss_mask(output)
         ratio = importance_sampling_ratio(
             old,
             sampled,
@@ -1211,6 +1223,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             self.loss_chunk = (0, 1)
 
     loss_chunk: tuple[int, int] = (0, 1)
+    _empty_rollouts = 0  # training rollouts in a row that left nothing to train on (`_check_trainable`)
 
     def _chunk_loss(self, model, inputs, chunk_weight: float):
         # TRL's loss multiplies by the importance-sampling ratio only `if self.use_vllm`. A vLLM generator passed in
@@ -1440,6 +1453,12 @@ def _shorten(text: str) -> str:
     return text if len(text) <= TRANSCRIPT_TEXT_CHARS else text[: TRANSCRIPT_TEXT_CHARS - 1] + "…"
 
 
+def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+    """The trained tokens of a micro-batch: the completion mask without environment tokens (conversation rows)."""
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+
+
 def rows_per_forward(rows: int, width: int, max_tokens: int | None) -> int:
     """Rows of `width` padded tokens in one forward: at most `rows`, and at most `max_tokens` tokens (at least one
     row).
@@ -1483,9 +1502,7 @@ def loss_chunks(
     if kind is None:
         raise ValueError(f"max_tokens_per_forward cannot split the loss of loss_type={loss_type!r}: use one of "
                          f"{', '.join(CHUNK_WEIGHTS)}, or max_tokens_per_forward=None")
-    mask = inputs["completion_mask"].float()
-    if "tool_mask" in inputs:
-        mask = mask * inputs["tool_mask"].float()
+    mask = loss_mask(inputs).float()
     tokens = float(mask.sum())
     chunks = []
     for start in range(0, rows, step):

@@ -149,7 +149,7 @@ class BEPOTrainer(AgentGRPOTrainer):
         args = self.args
         advantages, stats = bepo_batch_advantages(
             groups,
-            reduce=self._sum_over_processes,
+            reduce=self.sum_over_processes,  # σ_B over the whole batch: every process credits on the same step
             gamma=args.gamma,
             lam=args.gae_lambda,
             gate=args.bepo_gate,
@@ -167,13 +167,3 @@ class BEPOTrainer(AgentGRPOTrainer):
         with_states = [s for s in stats if s["num_states"]]
         self.log_mean_metrics("bepo", with_states, ("num_states", "gated_row_fraction", "bellman_std"))
         return advantages
-
-    def _sum_over_processes(self, totals: tuple[float, float, float]) -> tuple[float, float, float]:
-        """(Σx, Σx², n) of the gated Bellman credits summed over every process: σ_B of the whole batch (every
-        process computes credit on the same step, so the all-reduce lines up)."""
-        if self.accelerator.num_processes == 1:
-            return totals
-        import torch
-
-        summed = torch.tensor(totals, dtype=torch.float64, device=self.accelerator.device)
-        return tuple(self.accelerator.reduce(summed, reduction="sum").tolist())

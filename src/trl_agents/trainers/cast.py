@@ -25,8 +25,6 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import torch
-
 from ..credit.base import check_choice
 from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS, Moments, cast_advantages_with_stats
 from ..envs import get_env_class
@@ -149,9 +147,5 @@ class CASTTrainer(AgentGRPOTrainer):
 
     def _sum_over_processes(self, moments: Moments) -> Moments:
         """RMS_B over the global batch: sum (Σ g², count) over processes (docs/methods/cast.md, 'Our choices')."""
-        if self.accelerator.num_processes == 1:
-            return moments
-        total = self.accelerator.reduce(
-            torch.tensor(moments, dtype=torch.float64, device=self.accelerator.device), reduction="sum"
-        )
-        return float(total[0]), float(total[1])
+        total = self.sum_over_processes(moments)
+        return total[0], total[1]

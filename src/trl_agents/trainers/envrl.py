@@ -50,9 +50,8 @@ from ..distill.envrl import (
 from ..rollout.rows import token_signal_key
 from ..signals.base import ModelSignal, register_signal
 from ..trajectory import Group, first_occurrences
-from .agent_grpo import AgentGRPOTrainer
+from .agent_grpo import AgentGRPOTrainer, loss_mask
 from .gigpo import GiGPOConfig, GiGPOTrainer
-from .opsd import loss_mask
 from .registry import MethodInfo
 
 RL_ESTIMATORS = ("grpo", "gigpo")
@@ -269,18 +268,13 @@ class EnvRLTrainer(GiGPOTrainer):
 
     def compute_signals(self, groups: list[Group]) -> None:
         super().compute_signals(groups)
-        sp, id_ = self.example_signal.totals()
-        counts = [float(sp), float(id_)]
-        if self.accelerator.num_processes > 1:  # every process computes its signals once per rollout: a collective
-            counts = self.accelerator.reduce(
-                torch.tensor(counts, dtype=torch.float64, device=self.accelerator.device), reduction="sum"
-            ).tolist()
-        self._envrl_target_tokens = (counts[0], counts[1])  # over every process of this generation batch
+        # Every process computes its signals once per rollout, so the collectives line up.
+        sp, id_ = self.sum_over_processes(self.example_signal.totals())
+        self._envrl_target_tokens = (sp, id_)  # over every process of this generation batch
         examples = self.example_signal.examples
-        processes = self.accelerator.num_processes
-        self.log_global_means({  # totals over processes: each logs (its count × processes, 1), whose mean is the sum
-            "envrl/sp_examples": (processes * sum(p[0] is not None for p in examples), 1),
-            "envrl/id_examples": (processes * sum(p[1] is not None for p in examples), 1),
+        self.log_global_totals({
+            "envrl/sp_examples": sum(p[0] is not None for p in examples),
+            "envrl/id_examples": sum(p[1] is not None for p in examples),
         })
 
     def coefficients(self) -> tuple[float, float]:

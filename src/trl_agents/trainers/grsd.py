@@ -338,18 +338,13 @@ class GRSDTrainer(AgentGRPOTrainer):
         if args.grsd_student_logprobs == "rescore":
             self._score_students(with_guidance)
 
-        tokens = float(sum(len(ids) for _, ids, _ in self._reflection_batch))
-        processes = self.accelerator.num_processes
-        if processes > 1:  # the loss divides by the reflection tokens of every process
-            total = torch.tensor([tokens], dtype=torch.float64, device=self.accelerator.device)
-            tokens = float(self.accelerator.reduce(total, reduction="sum").item())
+        # the loss divides by the reflection tokens of every process
+        [tokens] = self.sum_over_processes([sum(len(ids) for _, ids, _ in self._reflection_batch)])
         self._reflection_tokens = tokens
         valid = [s for s in scores if s is not None]
+        self.log_global_totals({"grsd/invalid_judgements": invalid, "grsd/mixed_groups": len(with_guidance)})
         self.log_global_means({
             "grsd/mean_judge_score": (sum(valid), len(valid)),
-            # totals over processes: each process logs (its count × processes, 1), whose mean is the sum
-            "grsd/invalid_judgements": (invalid * processes, 1),
-            "grsd/mixed_groups": (len(with_guidance) * processes, 1),
             "grsd/reflection_tokens": (tokens, 1),
             "grsd/reflection_seconds": (reflection_seconds, 1),
             "grsd/judge_seconds": (judge_seconds, 1),

@@ -41,7 +41,7 @@ import torch
 from ..credit.base import check_choice
 from ..distill.opsd import generalized_jsd, sampled_token_distillation
 from ..rollout.rows import prompt_signal_keys, token_signal_key
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
 from .registry import MethodInfo
 
 OPSD_LOSSES = ("jsd", "sampled_token")
@@ -179,12 +179,6 @@ class OPSDTrainer(AgentGRPOTrainer):
                 return completion_logits(teacher, inputs[ids_key], inputs[mask_key], inputs)
             finally:
                 teacher.train(was_training)
-
-
-def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
-    """The trained tokens of a micro-batch: the completion mask without environment tokens (conversation rows)."""
-    mask = inputs["completion_mask"]
-    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
 
 def completion_logits(model, prompt_ids, prompt_mask, inputs: dict[str, Any]) -> torch.Tensor:

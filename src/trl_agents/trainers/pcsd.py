@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..distill.pcsd import _check, pcsd_token_terms
+from ..distill.pcsd import check_weight_options, pcsd_token_terms
 from ..rollout.rows import token_signal_key
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
-from .opsd import loss_mask, policy_logps
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
+from .opsd import policy_logps
 from .registry import MethodInfo
 
 
@@ -110,7 +110,7 @@ class PCSDConfig(AgentGRPOConfig):
         if not (isinstance(self.pcsd_coef, int | float) and self.pcsd_coef >= 0 and self.pcsd_coef < float("inf")):
             raise ValueError(f"pcsd_coef must be a finite number >= 0 (PCSD: 0.01), got {self.pcsd_coef!r}")
         try:
-            _check(**self.pcsd_weight_options())
+            check_weight_options(**self.pcsd_weight_options())
         except ValueError as err:
             raise ValueError(f"pcsd_{err}") from None
 

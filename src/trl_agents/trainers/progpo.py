@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from ..credit.base import check_choice
 from ..credit.progpo import ANCHORS, MODES, PREFIXES, combine_parts, progpo_parts, transition_scale
 from ..trajectory import Group
@@ -188,11 +186,8 @@ class ProGPOTrainer(AgentGRPOTrainer):
         (early training) their zeros would shrink σ_tr and inflate the credit of the rest (our choice).
         """
         values = [v for p in parts if p.stats["outcome_contrast"] for row in p.transition for v in row]
-        device = self.accelerator.device
-
         def total(*numbers: float) -> list[float]:
-            summed = self.accelerator.reduce(torch.tensor(numbers, dtype=torch.float64, device=device), reduction="sum")
-            return summed.tolist()
+            return self.sum_over_processes(numbers)
 
         count, value_sum = total(float(len(values)), float(sum(values)))
         if count < 2:

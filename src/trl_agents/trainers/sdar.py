@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 
 from ..distill.sdar import sdar_gate, sdar_token_terms
 from ..rollout.rows import token_signal_key
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
-from .opsd import loss_mask, policy_logps
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
+from .opsd import policy_logps
 from .registry import MethodInfo
 
 
