@@ -39,9 +39,12 @@ ACTIONS = ("right", "left", "right", "wait")  # "wait" is invalid (the invalid-a
 # always hold one "right", so the G = 2 episodes of a task start differently
 
 # Case name -> (method, config overrides). Every method except dr_grpo (its loss is normalised per process, see
-# tests/test_multiprocess.py), plus GRPO with gradient accumulation and with conversation rows.
+# tests/test_multiprocess.py) and APPO (its split points rank z-scores of per-token entropies and log-probs from a
+# batched forward, and a batch padded differently on one process than on two moves those by ~1e-7, enough to
+# reorder near-equal tokens: the trees, not the arithmetic, differ), plus GRPO with gradient accumulation and with
+# conversation rows.
 CASES = {
-    **{name: (name, {}) for name in METHODS if name != "dr_grpo"},
+    **{name: (name, {}) for name in METHODS if name not in ("dr_grpo", "appo")},
     "bipace": ("bipace", {"hidden_layer": -1}),  # the tiny model has one decoder layer
     # OPSD alone: the teacher is the step-0 copy under a longer prompt, so the JSD's gradient is small; scaled up so
     # that a wrongly normalised update would show.
@@ -55,7 +58,23 @@ CASES = {
     # The loss, old and reference log-probs in row chunks of at most 150 tokens (a few rows each): every process
     # cuts the same chunks, gradients accumulate without synchronisation until the last chunk.
     "grpo_token_budget": ("grpo", {"max_tokens_per_forward": 150, "beta": 0.04}),
+    # PATR: B = 4 leaves per task (with B = G = 2 the walk's two leaves mostly return the same).
+    "patr": ("patr", {"patr_budget": 4}),
+    # IGRPO: the gold answer from the task row (the walk's privileged context is not a Search-QA answer).
+    "igrpo": ("igrpo", {"igrpo_answer_source": "task:task_id"}),
+    # EPPO: the walk's tasks have no task type; pace by task id (four types, two per process).
+    "eppo": ("eppo", {"eppo_task_type_field": "task_id"}),
+    # 3SPO with its adaptive allocation (a depth-first search per task; per-task table).
+    "3spo_adaptive": ("3spo", {"sspo_allocation": "adaptive", "sspo_g_max": 2, "state_scope": "task"}),
+    # DPEPO: the walk played in K = 2 copies through the `parallel` wrapper (DeterministicGenerator answers in its
+    # format when the prompt is the wrapper's).
+    "dpepo": ("dpepo", {"env_name": "parallel", "history_length": 0, "max_completion_length": 24,
+                        "env_kwargs": {"inner": "test-multiprocess-walk", "num_envs": 2}}),
 }
+# `TRL_AGENTS_MULTIPROCESS_CASES=patr,appo pytest tests/test_multiprocess.py` checks only those cases (while working on
+# a method); the default is every case.
+if os.environ.get("TRL_AGENTS_MULTIPROCESS_CASES"):
+    CASES = {name: CASES[name] for name in os.environ["TRL_AGENTS_MULTIPROCESS_CASES"].split(",")}
 
 @register_env
 class WalkEnv(AgentEnv):
@@ -152,6 +171,8 @@ class DeterministicGenerator:
                 action = "right"  # an episode that got going keeps going: more groups with a success and a failure
             else:
                 action = ACTIONS[(zlib.crc32(text.encode()) + seen[text]) % len(ACTIONS)]
+            if "environments this turn" in text:  # DPEPO's parallel wrapper: the same move in both copies
+                action = f"<parallel><env_1>{action}</env_1><env_2>{action}</env_2></parallel>"
             seen[text] += 1
             ids = self.tokenizer.encode(action, add_special_tokens=False) + [self.tokenizer.eos_token_id]
             completion_ids.append(ids)
@@ -178,10 +199,13 @@ def train(case: str, model_dir: str, output_dir: str) -> None:
     }
     config = tiny_training_config(method.config_class, output_dir, **{**values, **method.defaults, **overrides})
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tasks = WalkEnv.task_split("train", NUM_TASKS)
+    if config.env_name == "parallel":  # the wrapper plays the walk's tasks
+        tasks = [{**task, "env": "parallel"} for task in tasks]
     trainer = method.trainer_class(
         model=model_dir,
         args=config,
-        train_dataset=WalkEnv.task_split("train", NUM_TASKS),
+        train_dataset=tasks,
         processing_class=tokenizer,
         generator=DeterministicGenerator(tokenizer),
     )

@@ -28,7 +28,7 @@ from trl_agents.credit.sspo import (
 )
 from trl_agents.envs import AgentEnv, register_env
 from trl_agents.testing import tiny_training_config
-from trl_agents.trainers import METHODS, Method, get_method
+from trl_agents.trainers import METHODS, get_method
 from trl_agents.trainers import sspo as trainer_sspo
 from trl_agents.trainers.sspo import STATE_SCORES_NAME, SSPOConfig, SSPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -356,7 +356,7 @@ def test_checkpoints_carry_the_table_and_resuming_restores_it(tiny_model, tokeni
     trainer.train()
     out = config.output_dir
     for step_index, t in [(1, 9), (2, 17)]:
-        saved = StateScoreTable()
+        saved = StateScoreTable(scope=config.state_scope)
         saved.load_counts(os.path.join(out, f"checkpoint-{step_index}", STATE_SCORES_NAME))
         assert saved.t == t
     assert saved.counts == trainer.state_scores.counts  # checkpoint-2 holds the final table

@@ -24,6 +24,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 SRC = os.path.join(ROOT, "src", "trl_agents")
 SEEDED = ("opsd", "sdar", "canopy", "bpo")  # the methods of the method-seams issue, with the earlier twelve
 DISTILLATION = ("ocsd", "adrs", "pcsd", "grsd", "envrl", "dark_room")  # self-distillation and auxiliary objectives
+TOPOLOGY = ("patr", "igrpo", "appo", "dpepo")  # tree, branching and parallel rollouts (and 3spo's allocation)
+DYNAMICS = ("eppo", "llmzero")  # training dynamics and the strategy controller
 SECTIONS = ("What it does", "Equations", "Defaults", "Our choices", "Hand-computed case", "Headline number", "Use it")
 
 
@@ -38,7 +40,7 @@ def configs_of(name: str) -> list[str]:
 
 def test_every_method_comes_from_a_trainer_declaration():
     assert {"grpo", "dr_grpo", "rloo", "gigpo", "bepo", "ecpo", "progpo", "scpo", "bipace", "3spo", "vict", "cast",
-            *SEEDED, *DISTILLATION} <= set(METHODS)
+            *SEEDED, *DISTILLATION, *TOPOLOGY, *DYNAMICS} <= set(METHODS)
     for name, method in METHODS.items():
         assert method.info in vars(method.trainer_class)["methods"], name  # declared by the class itself
         assert method.paper.startswith("arXiv "), name
@@ -109,6 +111,13 @@ def test_methods_command_lists_signals_capabilities_and_topology():
     assert "signals: teacher_logprobs;" in blocks["grsd"]  # under the group's guidance: no env capability
     for name in ("envrl", "dark_room"):
         assert "signals: envrl_examples;" in blocks[name]
+    # the rollout-topology methods: each with its topology, the signals it computes and the capabilities it needs
+    assert "signals: solver_value; topology: patr" in blocks["patr"] and "snapshot" in blocks["patr"]
+    assert "signals: gold_likelihood, privileged_context; topology: info_gain" in blocks["igrpo"]
+    assert "signals: policy_logprobs; topology: token_branching" in blocks["appo"]
+    assert "topology: independent" in blocks["dpepo"] and "parallel environment" in blocks["dpepo"]
+    assert "sspo_allocation='adaptive'" in blocks["3spo"] and "state_score" in blocks["3spo"]
+    assert "signals: eppo_task_type;" in blocks["eppo"] and "controller (outer loop)" in blocks["llmzero"]
 
 
 def test_readme_method_table_lists_every_registered_method():

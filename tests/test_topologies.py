@@ -395,3 +395,30 @@ def test_each_step_records_the_observation_that_followed_it(tokenizer, scripted)
     rebuilt = RolloutBatch.from_rows(batch.to_rows())
     assert [s.next_observation for t in rebuilt.trajectories for s in t.steps] == [
         s.next_observation for t in batch.trajectories for s in t.steps]
+
+
+def test_a_launch_and_a_fork_of_one_task_in_one_answer(tokenizer, scripted):
+    # when_idle asks at once for a new root (Launch) and a fork from step 1 of episode 0 of the same task. The fork
+    # moves along "right" from the restored state, so its first observation differs from the roots': the check that
+    # a task's roots start alike must not count it as a root (it once did, and refused the request).
+    class RootAndFork(Topology):
+        name = ""  # (a test topology: not registered)
+        needs_snapshots = True
+
+        def begin(self, tasks, num_generations):
+            self.asked = False
+            return [Launch(0, num_generations)]
+
+        def when_idle(self, view):
+            if self.asked:
+                return []
+            self.asked = True
+            return [Launch(0, 1), Fork(0, 0, 1, 1)]
+
+    generator = scripted(lambda prompt_ids, call, row, size: "down" if call < 3 else "right")
+    engine = RolloutEngine(generator, PromptRenderer(tokenizer, history_length=1), max_turns=3,
+                           sampling=SamplingParams(4), topology=RootAndFork())
+    group = engine.run([{"env": "frozenlake", "seed": 3}], num_generations=1).groups[0]
+    assert [(t.episode_id, t.parent_id, t.fork_step) for t in group.trajectories] == [(0, None, 0), (1, None, 0),
+                                                                                       (2, 0, 1)]
+    assert group.trajectories[2].steps[0] is group.trajectories[0].steps[0] and not group.trajectories[2].failed

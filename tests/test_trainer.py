@@ -192,3 +192,24 @@ def test_hooks_of_earlier_versions_fail_when_the_class_is_defined():
         type("Old", (AgentGRPOTrainer,), {"record_signals": ("solver_value",)})
     with pytest.raises(TypeError, match=r"compute_auxiliary_loss must take \(self, model, inputs, per_token_logps\)"):
         type("Old", (AgentGRPOTrainer,), {"compute_auxiliary_loss": lambda self, model, inputs: None})
+
+
+def test_max_generated_tokens_stops_training_and_the_total_survives_a_resume(tiny_model, tokenizer, tmp_path):
+    # Each rollout: 8 episodes x 2 turns x at most max_completion_length tokens. A budget of 1 token is crossed by
+    # the first rollout, so training stops after step 1 of max_steps=4; the total is what the rollout generated.
+    dataset = Dataset.from_list(TASKS)
+    config = make_config(AgentGRPOConfig, tmp_path, max_steps=4, max_generated_tokens=1, save_strategy="steps",
+                         save_steps=1)
+    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    first = dict(trainer.rollout_totals)
+    logged = [h["rollout/generated_tokens"] for h in trainer.state.log_history if "rollout/generated_tokens" in h]
+    assert first["generated_tokens"] == sum(logged) > 0 and first["episodes"] == 8.0 and first["env_steps"] == 16.0
+    # A resumed trainer starts from the checkpoint's totals and stops after its next step (already over budget).
+    again = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    again.train(resume_from_checkpoint=os.path.join(config.output_dir, "checkpoint-1"))
+    assert again.state.global_step == 2
+    assert again.rollout_totals["episodes"] == 16.0 and again.rollout_totals["generated_tokens"] > first["generated_tokens"]
+    with pytest.raises(ValueError, match="max_generated_tokens must be >= 1"):
+        make_config(AgentGRPOConfig, tmp_path, max_generated_tokens=0)

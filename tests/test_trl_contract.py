@@ -104,6 +104,25 @@ def test_use_vllm_switches_the_importance_sampling_ratio_on_in_compute_loss(trai
     assert plain == pytest.approx(-2.0, abs=1e-5) and corrected == pytest.approx(-4.0, abs=1e-5)
 
 
+def test_clip_bounds_are_read_from_the_trainer_and_may_be_per_row_tensors(trainer):
+    # Why `clip_bounds` (EPPO's per-task ε) works: TRL's loss reads `self.epsilon_low` / `self.epsilon_high` on every
+    # call (AgentGRPOTrainer sets them for one call) and its clamp broadcasts (B, 1) tensors over the tokens.
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)" in source
+    inputs = _inputs()
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 2)
+    inputs = dict(inputs, old_per_token_logps=logps - 0.5, advantages=torch.ones(2, 2))  # ratio e^0.5 = 1.65 > 1.5
+    trainer.epsilon_low = trainer.epsilon_high = torch.tensor([[0.1], [0.5]])
+    try:
+        loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(inputs)).item()
+    finally:
+        trainer.epsilon_low = trainer.epsilon_high = 0.2
+    assert loss == pytest.approx(-(1.1 + 1.1 + 1.5) / 3, abs=1e-5)  # row 0 clipped at 1.1, row 1 at 1.5
+
+
 def _inputs():
     return {
         "prompt_ids": torch.tensor([[5, 6, 7], [0, 8, 9]]),

@@ -1,4 +1,4 @@
-"""`trl-agents` command line: train | eval | push | envs | methods.
+"""`trl-agents` command line: train | eval | push | envs | methods | search.
 
     trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
@@ -8,11 +8,13 @@
     trl-agents push outputs/quickstart --repo my-user/quickstart-agent   # model, card, eval results, trajectories
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
+    trl-agents search --config configs/llmzero_frozenlake_tiny.yaml --stages 3 --children 2   # LLMZero's search
 
 `train` parses like TRL's scripts (`TrlParser`): `--config FILE` (YAML, flat keys; an `env:` mapping there sets
 environment variables) gives the defaults, `--key value` overrides them. Keys belong to `RunArguments`
 (trl_agents.run), the method's config (e.g. `GiGPOConfig`, which includes every `GRPOConfig` field) or TRL's
-`ModelConfig` (model_name_or_path, use_peft, lora_r, ...).
+`ModelConfig` (model_name_or_path, use_peft, lora_r, ...). `search` parses the same keys plus the controller's
+(`trl_agents.search.SearchArguments`) and trains stages of the config's method (docs/methods/llmzero.md).
 """
 
 from __future__ import annotations
@@ -64,24 +66,65 @@ def _method_of(argv: list[str], config: dict[str, Any]) -> str:
 
 def train(argv: list[str]) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from trl import ModelConfig, TrlParser
-
-    from .run import RunArguments, run_training
-    from .trainers import get_method
+    from .run import run_training
 
     if "--config" not in argv:
         argv = ["--config", packaged_config(QUICKSTART), *argv]
+    method, (run_args, config, model_args) = _parse(argv, "train")
+    outer_loop = getattr(method.trainer_class, "run_outer_loop", None)  # a controller (llmzero) runs its search
+    if outer_loop is not None:
+        return outer_loop(run_args, config, model_args)
+    return run_training(run_args, config, model_args)
+
+
+def _parse(argv: list[str], command: str, extra: tuple = ()):
+    """(method, parsed dataclasses) of `trl-agents COMMAND --config FILE ...`: RunArguments, the method's config,
+    ModelConfig, then the `extra` dataclasses."""
+    from trl import ModelConfig, TrlParser
+
+    from .run import RunArguments
+    from .trainers import get_method
+
     position = argv.index("--config") + 1
     config_path = argv[position] if position < len(argv) else None
     if config_path is None or not os.path.isfile(config_path):
-        raise SystemExit(f"trl-agents train: config file not found: {config_path}")
+        raise SystemExit(f"trl-agents {command}: config file not found: {config_path}")
     file_config = _read_config(config_path)
     method = get_method(_method_of(argv, file_config))
-    parser = _quiet(TrlParser)((RunArguments, method.config_class, ModelConfig), prog="trl-agents train")
+    extra = tuple(c for c in extra if not issubclass(method.config_class, c))  # (LLMZeroConfig has them already)
+    classes = (RunArguments, method.config_class, ModelConfig, *extra)
+    parser = _quiet(TrlParser)(classes, prog=f"trl-agents {command}")
     parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator); YAML/CLI still win
     _check_keys(parser, argv, config_path, file_config)
-    run_args, config, model_args = parser.parse_args_and_config(argv)
-    return run_training(run_args, config, model_args)
+    return method, parser.parse_args_and_config(argv)
+
+
+SEARCH_ALIASES = {"--stages": "--search_budget", "--children": "--children_per_node"}
+
+
+def _alias(arg: str) -> str:
+    """`--stages 3` / `--stages=3` as `--search_budget ...`, `--children` as `--children_per_node`."""
+    key, equals, value = arg.partition("=")
+    return SEARCH_ALIASES.get(key, key) + equals + value
+
+
+def search(argv: list[str]) -> dict[str, Any]:
+    """`trl-agents search --config CONFIG [--stages N] [--children K] [--stage_steps S] [--proposer llm
+    --proposer_url URL] ...`: LLMZero's tree search over training strategies around the config's method, every
+    stage a `trl-agents train` run from its parent's checkpoint (`trl_agents.search.run_search`); writes
+    `search_tree.json` in output_dir, and continues it when started again with the same settings."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from .search import SearchArguments, run_search
+
+    argv = [_alias(arg) for arg in argv]
+    if "--config" not in argv:
+        if "-h" in argv or "--help" in argv:
+            argv = ["--config", packaged_config(QUICKSTART), *argv]
+        else:
+            raise SystemExit("trl-agents search: give --config CONFIG (the YAML of the run the search starts from)")
+    _, parsed = _parse(argv, "search", extra=(SearchArguments,))
+    run_args, config, model_args = parsed[:3]
+    return run_search(run_args, config, model_args, parsed[3] if len(parsed) > 3 else None)
 
 
 def _quiet(parser_class):
@@ -374,7 +417,8 @@ def list_methods() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate, "push": push, "envs": list_envs, "methods": list_methods}
+    commands = {"train": train, "eval": evaluate, "push": push, "envs": list_envs, "methods": list_methods,
+                "search": search}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         parser = argparse.ArgumentParser(prog="trl-agents", description=__doc__.split("\n\n")[0])
         parser.add_argument("command", choices=sorted(commands), help="what to do; `trl-agents COMMAND --help`")

@@ -73,6 +73,21 @@ class JudgeUnavailable(ValueError):
     """The judge cannot be reached or loaded (raised before a run starts, with a one-line message)."""
 
 
+def load_pretrained(name: str, tokenizer: Any, model_class: Any, what: str, kind: str = "model") -> tuple[Any, Any]:
+    """(`model_class.from_pretrained(name)`, the given tokenizer or `name`'s), or a one-line `JudgeUnavailable`
+    naming `what` failed to load (a judge or scorer model given by path or Hub id)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
+        return model_class.from_pretrained(name), tokenizer
+    except (OSError, ValueError) as err:
+        raise JudgeUnavailable(
+            f"{what} {name!r} could not be loaded ({type(err).__name__}: {str(err).splitlines()[0][:160]}); give a "
+            f"{kind} directory or Hub id"
+        ) from None
+
+
 class CallableJudge:
     """A user's judge function, its answers coerced to scores (`coerce_score`).
 
@@ -218,16 +233,9 @@ class LocalJudge:
     def __init__(self, model: Any, tokenizer: Any = None, *, max_tokens: int = 16, device: Any = None,
                  batch_size: int = 8, low: int = 0, high: int = 3):
         if isinstance(model, str):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
 
-            try:
-                tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-                model = AutoModelForCausalLM.from_pretrained(model)
-            except (OSError, ValueError) as err:
-                raise JudgeUnavailable(
-                    f"the local judge {model!r} could not be loaded ({type(err).__name__}: "
-                    f"{str(err).splitlines()[0][:160]}); give a model directory or Hub id"
-                ) from None
+            model, tokenizer = load_pretrained(model, tokenizer, AutoModelForCausalLM, "the local judge")
         if tokenizer is None:
             raise ValueError("LocalJudge needs the tokenizer of a loaded model")
         if getattr(tokenizer, "chat_template", None) is None:

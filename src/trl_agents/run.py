@@ -116,6 +116,17 @@ class RunArguments:
         metadata={"help": "Print one short line per logging step (step, success, return, loss, step time) instead of "
         "the whole metrics dict; every metric still goes to `report_to` and metrics.json."},
     )
+    echo_trap_monitor: bool = field(
+        default=False,
+        metadata={"help": "Attach an EchoTrapMonitor (trl_agents.callbacks.collapse): collapse/* metrics and warnings "
+        "when in-group reward std, entropy, valid actions collapse or the gradient norm spikes "
+        "(docs/concepts/monitors.md)."},
+    )
+    echo_trap_filter_top_fraction: float | None = field(
+        default=None,
+        metadata={"help": "With echo_trap_monitor: train only on this fraction of the groups, the highest in-group "
+        "reward std first (RAGEN's filter, 0.25 in its code); None = no filtering."},
+    )
 
 
 def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
@@ -178,6 +189,10 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     )
     if run.compact_console:
         use_compact_console(trainer)
+    if run.echo_trap_monitor or run.echo_trap_filter_top_fraction is not None:
+        from .callbacks.collapse import EchoTrapMonitor
+
+        trainer.add_callback(EchoTrapMonitor(trainer, filter_top_fraction=run.echo_trap_filter_top_fraction))
     evaluate = _evaluator(run, config, tokenizer, eval_tasks)
     main_process = config.process_index == 0
     before_path = os.path.join(config.output_dir, EVAL_BEFORE_RL)
@@ -194,6 +209,7 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     trainer.train(resume_from_checkpoint=checkpoint)
     results["rl_seconds"] = time.monotonic() - rl_started
     results["rl_steps"] = trainer.state.global_step
+    results["rl_rollout_totals"] = dict(trainer.rollout_totals)  # generated tokens, env steps, episodes
     results["eval_after_rl"] = evaluate(trainer.model)
     gain = results["eval_after_rl"]["success_rate"] - results["eval_before_rl"]["success_rate"]
     results["success_gain_points"] = 100 * gain

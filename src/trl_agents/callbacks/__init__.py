@@ -1,6 +1,7 @@
 """Callbacks: training-time monitors, controllers and schedules."""
 
 from .budget import TimeBudgetCallback
+from .collapse import EchoTrapMonitor, RewardVarianceFilter
 from .console import CompactPrinterCallback, CompactProgressCallback, compact_line, use_compact_console
 from .dark_room import DarkRoomMonitor
 
@@ -8,6 +9,8 @@ __all__ = [
     "CompactPrinterCallback",
     "CompactProgressCallback",
     "DarkRoomMonitor",
+    "EchoTrapMonitor",
+    "RewardVarianceFilter",
     "TimeBudgetCallback",
     "compact_line",
     "use_compact_console",

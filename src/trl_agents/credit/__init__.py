@@ -11,6 +11,7 @@ Example:
     [[1.0], [-1.0]]
 """
 
+from .appo import BranchPoint, appo_advantages, branching_scores, future_kl_advantages, future_values
 from .base import (
     CREDIT_ESTIMATORS,
     StepAdvantages,
@@ -33,24 +34,46 @@ from .canopy import (
     signal_probability,
 )
 from .cast import cast_advantages, cast_advantages_with_stats
+from .dpepo import (
+    diversity_weight,
+    dpepo_advantages,
+    dpepo_advantages_with_stats,
+    trajectory_weights,
+    weight_terms,
+)
 from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advantages_with_stats
+from .eppo import EntropyPacer, pace_scales, task_bounds
 from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
 from .grpo import grpo_advantages
+from .igrpo import (
+    igrpo_advantages,
+    igrpo_advantages_with_stats,
+    leaf_weights,
+    selection_probabilities,
+)
+from .llmzero import RuleProposer, SearchTree, capacity_is_monotone, constrain, diagnose, summarise, ucb
+from .patr import patr_advantages, patr_advantages_with_stats, solver_progress
 from .progpo import progpo_advantages, progpo_parts
 from .rloo import rloo_advantages
 from .scpo import get_scorer, register_scorer, scpo_advantages, scpo_advantages_with_stats
-from .sspo import StateScoreTable, sspo_advantages, sspo_advantages_with_stats
+from .sspo import StateScoreTable, allocated_rollouts, sspo_advantages, sspo_advantages_with_stats, transition_reward
 from .vict import trace_proof_edges, vict_advantages, vict_advantages_with_stats
 
 __all__ = [
     "CREDIT_ESTIMATORS",
     "AnchorEvidence",
     "BellmanCredit",
+    "BranchPoint",
+    "EntropyPacer",
+    "RuleProposer",
+    "SearchTree",
     "SiblingSet",
     "StateScoreTable",
     "StepAdvantages",
+    "allocated_rollouts",
     "anchor_evidence",
     "anchor_key",
+    "appo_advantages",
     "bellman_credit",
     "bepo_advantages",
     "bepo_advantages_with_stats",
@@ -58,16 +81,25 @@ __all__ = [
     "bipace_advantages_with_stats",
     "bpo_advantages",
     "bpo_advantages_with_stats",
+    "branching_scores",
     "canonical_action",
     "canopy_advantages",
     "canopy_advantages_with_stats",
+    "capacity_is_monotone",
     "carries_signal",
     "cast_advantages",
     "cast_advantages_with_stats",
+    "constrain",
     "coverage_stats",
+    "diagnose",
     "discounted_returns",
+    "diversity_weight",
+    "dpepo_advantages",
+    "dpepo_advantages_with_stats",
     "ecpo_advantages",
     "ecpo_advantages_with_stats",
+    "future_kl_advantages",
+    "future_values",
     "get_estimator",
     "get_scorer",
     "gigpo_advantages",
@@ -75,8 +107,14 @@ __all__ = [
     "greedy_cosine_clusters",
     "group_size_for_coverage",
     "grpo_advantages",
+    "igrpo_advantages",
+    "igrpo_advantages_with_stats",
+    "leaf_weights",
     "normalize_text",
+    "pace_scales",
     "pace_step_advantages",
+    "patr_advantages",
+    "patr_advantages_with_stats",
     "progpo_advantages",
     "progpo_parts",
     "register_estimator",
@@ -84,11 +122,19 @@ __all__ = [
     "rloo_advantages",
     "scpo_advantages",
     "scpo_advantages_with_stats",
+    "selection_probabilities",
     "sibling_sets",
     "signal_probability",
+    "solver_progress",
     "sspo_advantages",
     "sspo_advantages_with_stats",
+    "summarise",
+    "task_bounds",
     "trace_proof_edges",
+    "trajectory_weights",
+    "transition_reward",
+    "ucb",
     "vict_advantages",
     "vict_advantages_with_stats",
+    "weight_terms",
 ]

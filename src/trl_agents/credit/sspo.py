@@ -18,19 +18,30 @@ branching (the "siblings" of a step are the steps of the group's G independent e
     A_{i,t}   += w_E·A^E_i  optional episode-level GRPO term (the code uses R_3SPO only: w_E = 0)
 
 Scores are read from the table as it stood before this batch; the trainer updates it with the batch afterwards.
-Eq. 3, the adaptive number of rollouts n(s) = ceil(G_max·S(s)), is `StateScoreTable.num_rollouts` (for branching
-rollouts; the G-episode rollout does not use it).
+Eq. 3, the adaptive number of rollouts
 
-The state after an episode's last action is not recorded, so for the last step R_novel = 1[valid] (an invalid
+    n(s)       = ceil(G_max·S(s))        0: truncate; 1: continue; ≥ 2: branch n siblings from s     (`allocated_rollouts`)
+
+drives the `state_score` topology (`rollout/topologies/state_score.py`: ranked backtracking over trees of forked
+episodes). On trees (forked episodes share their prefix `Step` objects) every distinct step is one sibling of its
+state, counted once, and its advantage goes to the trajectory that owns it (0 on the other paths through it), so the
+rows' sum over paths trains it with exactly its A (docs/topologies.md, "How rows train shared steps").
+
+The state after an episode's last action is recorded only as its observation (`next_observation`): when some step
+of the group acted from that same observation, its state is s_{t+1}; otherwise R_novel = 1[valid] (an invalid
 action leaves the state unchanged) and S(s_{t+1}) := S(s_t) (`terminal_score="current"`: no score change) or 1
 (`"unseen"`: the table never counts that state) — our choice, docs/methods/3spo.md#our-choices.
+
+Guards: an unseen state scores 1 and ω = 0.5 (no division by a zero count: SR has ε); a state alone in its sibling
+set (a singleton) gets A = 0; an empty group gives empty lists; `mean_std_norm` divides by σ + ε (all-equal
+siblings: 0, never NaN); the score's exp(−λ·SR) underflows to 0.0, never to NaN or inf.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..fileio import atomic_write
@@ -149,7 +160,12 @@ class StateScoreTable:
 
     def num_rollouts(self, state: Hashable, task_id: str | None = None, g_max: int = 8) -> int:
         """n(s) = ceil(G_max·S(s)), Eq. 3: siblings to branch from s (0: truncate; 1: continue without update)."""
-        return math.ceil(g_max * self.score(state, task_id))
+        return allocated_rollouts(self.score(state, task_id), g_max)
+
+    def copy(self) -> StateScoreTable:
+        """An independent copy (same hyperparameters, copied statistics)."""
+        return StateScoreTable(alpha=self.alpha, xi=self.xi, zeta=self.zeta, omega_k=self.omega_k, eps=self.eps,
+                               scope=self.scope, counts={k: list(v) for k, v in self.counts.items()}, t=self.t)
 
     # ---- updates ---------------------------------------------------------------------------------------------------
 
@@ -167,11 +183,13 @@ class StateScoreTable:
             keys.append(key)
         return keys, bool(trajectory.success)
 
-    def group_records(self, group: Group) -> list[tuple[list[str], bool]]:
-        """`episode_record` of every episode of `group` that has steps."""
+    def group_records(self, group: Group, skip: Collection[int] = ()) -> list[tuple[list[str], bool]]:
+        """`episode_record` of every episode of `group` that has steps, except the trajectories whose `id()` is in
+        `skip` (e.g. the unfinished siblings a `state_score` search left on its frontier)."""
         task_id, cache = group.task_id, {}
         return [
-            self.episode_record(traj, task_id, cache) for traj in group.trajectories if traj.steps and not traj.failed
+            self.episode_record(traj, task_id, cache) for traj in group.trajectories
+            if traj.steps and not traj.failed and id(traj) not in skip
         ]
 
     def update(self, groups: Iterable[Group]) -> int:
@@ -222,6 +240,55 @@ class StateScoreTable:
         self.t = int(data["t"])
 
 
+def allocated_rollouts(score: float, g_max: int = 8) -> int:
+    """n = ceil(G_max·S), Eq. 3: 0 truncates, 1 continues, n ≥ 2 branches n siblings.
+
+    >>> [allocated_rollouts(s, 8) for s in (1.0, 0.3, 0.01, 0.0)]  # ⌈8⌉, ⌈2.4⌉, ⌈0.08⌉, ⌈0⌉
+    [8, 3, 1, 0]
+    """
+    return math.ceil(g_max * score)
+
+
+def transition_reward(
+    table: StateScoreTable,
+    state: Hashable,
+    next_state: Hashable | None,
+    success: bool,
+    task_id: str | None = None,
+    *,
+    valid: bool = True,
+    terminal_score: str = "current",
+) -> float:
+    """R_3SPO(s_t, s_{t+1}) of one transition (Eq. 2); `next_state` None: s_{t+1} unknown, so R_novel = 1[valid] and
+    S(s_{t+1}) := S(s_t) ("current") or 1 ("unseen").
+
+    >>> table = StateScoreTable(scope="global")  # empty: S = 1, ω = 0.5 everywhere
+    >>> transition_reward(table, "s0", "s1", False), transition_reward(table, "s0", "s0", False)
+    (0.5, 0.0)
+    >>> transition_reward(table, "s0", None, True)  # 0.5·1[valid] + 0 + 0.5·success
+    1.0
+    """
+    key = table.key(state, task_id)
+    score, omega = table.score_of_key(key), table.omega_of_key(key)
+    if next_state is None:
+        is_novel = float(valid)
+        next_score = score if terminal_score == "current" else 1.0
+    else:
+        is_novel = float(next_state != state)
+        next_score = table.score(next_state, task_id)
+    return omega * is_novel + (0.5 - omega) * (score - next_score) + 0.5 * float(success)
+
+
+def observation_states(group: Group) -> dict[str, Hashable]:
+    """Observation -> h(s) of every state an episode of `group` acted from (the first recorded): how the state
+    after a last action is recognised from its `next_observation`."""
+    index: dict[str, Hashable] = {}
+    for trajectory in group.trajectories:
+        for step in trajectory.steps:
+            index.setdefault(step.observation, state_identity(step))
+    return index
+
+
 @register_estimator("3spo")
 def sspo_advantages(
     group: Group,
@@ -262,6 +329,7 @@ def sspo_step_rewards(
     check_choice("terminal_score", terminal_score, TERMINAL_SCORES)
     task_id = group.task_id
     looked_up: dict[Hashable, tuple[float, float]] = {}  # h(s) -> (S(s), ω(s)), once per distinct state
+    observed = observation_states(group)
     rewards, scores, novel = [], [], []
     for traj in group.trajectories:
         states = [state_identity(step) for step in traj.steps]
@@ -277,7 +345,11 @@ def sspo_step_rewards(
         for t, (step, state) in enumerate(zip(traj.steps, states, strict=True)):
             omega = looked_up[state][1]
             last = t == len(states) - 1
-            if last:  # s_{t+1} unrecorded: novel unless the action was invalid; S(s_{t+1}) := S(s_t) or 1
+            known = observed.get(step.next_observation) if last and step.next_observation is not None else None
+            if last and known is not None:  # s_{t+1} recognised: some step of the group acted from its observation
+                is_novel, success = float(known != state), float(traj.success)
+                next_score = table.score(known, task_id)
+            elif last:  # s_{t+1} unrecorded: novel unless the action was invalid; S(s_{t+1}) := S(s_t) or 1
                 next_score = current[t] if terminal_score == "current" else 1.0
                 is_novel, success = float(step.valid), float(traj.success)
             else:
@@ -333,11 +405,17 @@ def sspo_advantages_with_stats(
     table = table if table is not None else StateScoreTable()
     scale = mode == "mean_std_norm"
 
-    # Eq. 2, then ρ = R − λ·[invalid]; rows flattened trajectory by trajectory.
+    # Eq. 2, then ρ = R − λ·[invalid]; every distinct step once (a tree's shared steps: in their first, owning,
+    # trajectory; the other paths through them get 0, so the rows' sum over paths trains them with their A).
     rewards, stats = sspo_step_rewards(group, table, terminal_score)
-    flat, states = [], []
-    for traj, row in zip(group.trajectories, rewards, strict=True):
-        for step, reward in zip(traj.steps, row, strict=True):
+    flat, states, position = [], [], {}  # position: (trajectory, step) -> index into flat, distinct steps only
+    seen: set[int] = set()
+    for i, (traj, row) in enumerate(zip(group.trajectories, rewards, strict=True)):
+        for t, (step, reward) in enumerate(zip(traj.steps, row, strict=True)):
+            if id(step) in seen:
+                continue
+            seen.add(id(step))
+            position[i, t] = len(flat)
             flat.append(reward - invalid_penalty if not step.valid else reward)
             states.append(state_identity(step))
 
@@ -363,10 +441,11 @@ def sspo_advantages_with_stats(
         else [[0.0] * len(traj.steps) for traj in group.trajectories]
     )
     advantages: StepAdvantages = []
-    offset = 0
-    for episode_row in episode:
-        advantages.append([episode_weight * a_e + step_advantages[offset + t] for t, a_e in enumerate(episode_row)])
-        offset += len(episode_row)
+    for i, episode_row in enumerate(episode):
+        advantages.append([
+            episode_weight * a_e + (step_advantages[position[i, t]] if (i, t) in position else 0.0)
+            for t, a_e in enumerate(episode_row)
+        ])
 
     stats = {
         "mean_step_reward": sum(r for row in rewards for r in row) / len(flat) if flat else 0.0,

@@ -11,6 +11,7 @@ from . import (  # noqa: F401  isort: skip
     webshop,
 )
 from . import prediction  # noqa: F401  isort: skip  (the `predict` wrapper: any env + next-observation predictions)
+from . import parallel  # noqa: F401  isort: skip  (the `parallel` wrapper: K copies of any env, one answer)
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [

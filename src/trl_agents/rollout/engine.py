@@ -45,6 +45,7 @@ from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
 from .prompts import PromptRenderer
 from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
+from .topologies.base import Hold, Stop
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class _Episode:
     role: str = ""  # the role acting next (two-role environments)
     action_prefix: list[int] = field(default_factory=list)  # token-level fork: the next action starts with these
     prefix_logprobs: list[float] = field(default_factory=list)
+    held: bool = False  # paused by the topology (`Hold`): skips turns until resumed
 
 
 @dataclass(frozen=True)
@@ -192,25 +194,28 @@ class RolloutEngine:
         by_trajectory: dict[int, _Episode] = {}
         stats = {"generated_tokens": 0.0, "env_steps": 0.0, "generation_calls": 0.0}
         view = RolloutView(tasks, groups, lambda t: not by_trajectory[id(t)].finished, self.signal_fn,
-                           self.max_turns)
+                           self.max_turns, is_held=lambda t: by_trajectory[id(t)].held)
         plan = self._plan
         try:
             self._serve(self.topology.begin(tasks, num_generations), groups, episodes, by_trajectory, plan)
             self._report(0, episodes)
             while True:
-                active = [episode for episode in episodes if not episode.finished]
+                active = [episode for episode in episodes if not episode.finished and not episode.held]
                 if not self._any_active(active):
                     # Nothing left to play (on any process, with a collective generator: so every process asks its
                     # topology at the same moment, and a model signal it runs does not interleave with another
                     # process's generation call).
                     self._serve(self.topology.when_idle(view), groups, episodes, by_trajectory, plan)
-                    active = [episode for episode in episodes if not episode.finished]
+                    active = [episode for episode in episodes if not episode.finished and not episode.held]
                     if not self._any_active(active):
                         break
                 self._turn(active, plan, stats)
                 view.turn += 1
                 self._serve(self.topology.after_turn(view), groups, episodes, by_trajectory, plan)
                 self._report(view.turn, episodes)
+            held = [episode for episode in episodes if not episode.finished]  # still held: they end with the rollout
+            if held:
+                self._end_between_turns(held, plan)
         finally:
             for episode in episodes:
                 self.env_pool.release(episode.env)
@@ -249,10 +254,19 @@ class RolloutEngine:
     # ---- new episodes: launches (reset) and forks (restore) -------------------------------------------------------
 
     def _serve(self, requests, groups, episodes, by_trajectory, plan: _SignalPlan) -> None:
-        """Create the episodes the topology asked for: one pool phase resets the launched ones, one restores the
-        forked ones."""
-        launched, forked = [], []
+        """Carry out the topology's requests: end the stopped episodes (their episode-end signals in one pool phase),
+        then create the new ones: one pool phase resets the launched ones, one restores the forked ones."""
+        launched, forked, stopped = [], [], []
         for request in requests:
+            if isinstance(request, Hold):  # pause / resume an active episode
+                episode = by_trajectory[id(groups[request.task_index].trajectory(request.episode_id))]
+                episode.held = bool(request.held) and not episode.finished
+                continue
+            if isinstance(request, Stop):  # end an active episode between turns (a pruned tree path)
+                episode = by_trajectory[id(groups[request.task_index].trajectory(request.episode_id))]
+                if not episode.finished and all(episode is not other for other in stopped):
+                    stopped.append(episode)
+                continue
             if request.count < 0:
                 raise ValueError(f"topology {self.topology.name!r} asked for {request.count} episodes")
             group = groups[request.task_index]
@@ -265,9 +279,12 @@ class RolloutEngine:
                 by_trajectory[id(trajectory)] = episode
                 if isinstance(request, Launch):
                     launched.append(episode)
-                else:
+                else:  # (marked as a fork at once: a Launch of the same task in this batch checks root starts)
                     parent = by_trajectory[id(group.trajectory(request.episode_id))]
+                    trajectory.parent_id, trajectory.fork_step = request.episode_id, request.step
                     forked.append((episode, parent, request))
+        if stopped:
+            self._end_between_turns(stopped, plan)
         if launched:
             self._start(launched, plan)
             for index in sorted({episode.task_index for episode in launched}):

@@ -6,10 +6,12 @@ of the historical state score, success), centred among the group's steps taken f
 (`trainer.state_scores`, a `StateScoreTable`), updated from every training rollout, written as
 `state_scores.json` with every checkpoint and read back by `train(resume_from_checkpoint=...)`.
 
-3SPO's adaptive rollout allocation (branching n(s) = ceil(G_max·S(s)) siblings from visited states) needs a
-branching rollout; the table exposes it as `trainer.state_scores.num_rollouts(state, task_id)` for one, and until then
-the siblings of a step are the steps of the G independent episodes taken from the same state
-(docs/methods/3spo.md#what-it-does).
+Rollouts (`sspo_allocation`): `"independent"` (the default) plays G independent episodes per task, and the siblings
+of a step are the steps of those episodes taken from the same state; `"adaptive"` runs 3SPO's allocation, the
+`state_score` topology (`rollout/topologies/state_score.py`): n(s) = ceil(G_max·S(s)) siblings forked from each
+visited state with ranked backtracking, per task, up to `sspo_max_samples` finished trajectories; the siblings of a
+step are then the steps forked from the same state (docs/methods/3spo.md#what-it-does). The trainer hands its table
+to the topology; frontier siblings left unfinished are trained but not counted in the table.
 
 The table's API: `score(state, task_id)` (S(s), Eq. 1), `omega(state, task_id)`, `visits(state, task_id)`,
 `successes(state, task_id)`, `num_rollouts(state, task_id, g_max)` (Eq. 3), `update(groups)`, `save(path)`,
@@ -41,6 +43,7 @@ from typing import ClassVar
 
 from ..credit.base import check_choice
 from ..credit.sspo import MODES, SCOPES, TERMINAL_SCORES, StateScoreTable, sspo_advantages_with_stats
+from ..rollout.topologies.state_score import StateScoreTopology
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -48,6 +51,8 @@ from .registry import MethodInfo
 logger = logging.getLogger(__name__)
 
 STATE_SCORES_NAME = "state_scores.json"
+ALLOCATIONS = ("independent", "adaptive")
+ALLOCATION_TOPOLOGY = {"independent": "independent", "adaptive": StateScoreTopology.name}
 STAT_NAMES = ("mean_step_reward", "mean_state_score", "low_score_fraction", "novel_fraction", "singleton_fraction")
 
 
@@ -62,10 +67,16 @@ class SSPOConfig(AgentGRPOConfig):
         score_zeta (`float`, *optional*, defaults to `0.1`): ζ, success rate above which a state keeps its score.
         omega_k (`float`, *optional*, defaults to `0.1`): ω_k of the novelty weight ω(N) = 0.5·exp(−ω_k·N).
         score_eps (`float`, *optional*, defaults to `1e-6`): ε of the success rate N⁺/(N + ε).
-        state_scope (`str`, *optional*, defaults to `"task"`): Whether state statistics are per task or global.
+        state_scope (`str`, *optional*, defaults to `"global"`): Whether state statistics are global or per task.
         sspo_mode (`str`, *optional*, defaults to `"mean_norm"`): Centring only, or centring and std scaling.
-        episode_advantage_w (`float`, *optional*, defaults to `0.0`): Weight of an added episode-level advantage.
+        episode_advantage_w (`float`, *optional*): Weight of an added episode-level advantage (None: 1.0 with
+            independent episodes, 0.0 with the adaptive allocation).
         terminal_score (`str`, *optional*, defaults to `"current"`): Score of the unrecorded final state.
+        sspo_allocation (`str`, *optional*, defaults to `"independent"`): G independent episodes, or 3SPO's adaptive
+            allocation with ranked backtracking (topology `"state_score"`).
+        sspo_g_max (`int`, *optional*, defaults to `8`): G_max of n(s) = ceil(G_max·S(s)).
+        sspo_max_samples (`int`, *optional*): Finished trajectories per task of the adaptive search (None: G).
+        sspo_min_root_rollouts (`int`, *optional*, defaults to `2`): Actions at least from a task's initial state.
     """
 
     score_alpha: float = field(
@@ -84,22 +95,25 @@ class SSPOConfig(AgentGRPOConfig):
     )
     score_eps: float = field(default=1e-6, metadata={"help": "ε of the success rate N⁺/(N + ε) (3SPO: 1e-6)."})
     state_scope: str = field(
-        default="task",
-        metadata={"help": "'task': statistics per (task, state) — our choice (docs/methods/3spo.md, 'Our choices'): the "
-        "library's state keys are task-local (a Sokoban key is a player and box position, shared by different "
-        "rooms); 'global': one entry per state key across tasks, as the 3SPO code hashes the anchor observation "
-        "text (right for ALFWorld, whose key is that text)."},
+        default="global",
+        metadata={"help": "'global': one entry per state key across tasks, as the 3SPO code keeps one table keyed by "
+        "the anchor-observation hash (ALFWorld: that text; FrozenLake / Sokoban: a position, so the entry pools the "
+        "maps that share it); 'task': statistics per (task, state), which only fill up when tasks recur (many epochs "
+        "over few tasks): with thousands of tasks each seen about once, every state is unseen (S = 1, ω = 0.5) and "
+        "the step reward reduces to 0.5·novelty + 0.5·success (docs/methods/3spo.md, 'Our choices')."},
     )
     sspo_mode: str = field(
         default="mean_norm",
         metadata={"help": "'mean_norm': A = R − mean over the same-state steps (3SPO remove_std=True, its "
         "default); 'mean_std_norm': divided by their std + 1e-6."},
     )
-    episode_advantage_w: float = field(
-        default=0.0,
+    episode_advantage_w: float | None = field(
+        default=None,
         metadata={"help": "Weight of an episode-level GRPO advantage added to every step (normalised like "
-        "sspo_mode). 0 = the 3SPO code (R_3SPO only, it already holds 0.5·success); docs/methods/3spo.md, 'Our choices', "
-        "lists adding it as an option."},
+        "sspo_mode). None = 1.0 with sspo_allocation='independent' and 0.0 with 'adaptive' — our choice "
+        "(docs/methods/3spo.md, 'Our choices'): R_3SPO gives no credit to the steps before an outcome, and without "
+        "branching nothing else does (FrozenLake benchmark, seed 0: −9.7 points with 0, +8.0 with 1). 0 = the 3SPO "
+        "code (R_3SPO only, it already holds 0.5·success)."},
     )
 
     terminal_score: str = field(
@@ -109,8 +123,48 @@ class SSPOConfig(AgentGRPOConfig):
         "choice (docs/methods/3spo.md, 'Our choices'; the 3SPO code observes that state)."},
     )
 
+    sspo_allocation: str = field(
+        default="independent",
+        metadata={"help": "'independent': num_generations independent episodes per task (the released 3SPO launcher's "
+        "rollout: its training path never calls the DFS); 'adaptive': the paper's allocation, n(s) = ceil(G_max·S(s)) "
+        "siblings forked from each visited state with ranked backtracking (topology 'state_score'; needs env "
+        "snapshots). The default is our choice (docs/methods/3spo.md, 'Our choices')."},
+    )
+    sspo_g_max: int = field(
+        default=8, metadata={"help": "G_max of Eq. 3, n(s) = ceil(G_max·S(s)) (3SPO: 8). Used by sspo_allocation="
+        "'adaptive'."},
+    )
+    sspo_max_samples: int | None = field(
+        default=None,
+        metadata={"help": "Finished trajectories per task of the adaptive search (3SPO max_samples_per_prompt: 32); "
+        "None = num_generations, so both allocations finish as many episodes per task — our choice "
+        "(docs/methods/3spo.md, 'Our choices')."},
+    )
+    sspo_min_root_rollouts: int = field(
+        default=2,
+        metadata={"help": "The adaptive search takes at least this many actions from a task's initial state, whatever "
+        "n(s_0) = ceil(G_max·S(s_0)) says: with α = 50 a start state that ever led to a success has S ≈ 0, and Eq. 3 "
+        "alone would truncate the task's only episode after one action (a group of one, dropped by "
+        "min_healthy_episodes). Our choice (docs/methods/3spo.md, 'Our choices'); 0 or 1 = Eq. 3 unchanged."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        check_choice("sspo_allocation", self.sspo_allocation, ALLOCATIONS)
+        if self.topology not in ("independent", ALLOCATION_TOPOLOGY[self.sspo_allocation]):
+            raise ValueError(
+                f"3SPO picks its topology from sspo_allocation ({self.sspo_allocation!r}), got topology="
+                f"{self.topology!r}: set sspo_allocation='adaptive' for 'state_score' and leave topology unset"
+            )
+        self.topology = ALLOCATION_TOPOLOGY[self.sspo_allocation]
+        if self.episode_advantage_w is None:
+            self.episode_advantage_w = 1.0 if self.sspo_allocation == "independent" else 0.0
+        if isinstance(self.sspo_g_max, bool) or not isinstance(self.sspo_g_max, int) or self.sspo_g_max < 1:
+            raise ValueError(f"sspo_g_max must be an integer >= 1 (3SPO: 8), got {self.sspo_g_max!r}")
+        if self.sspo_min_root_rollouts < 0:
+            raise ValueError(f"sspo_min_root_rollouts must be >= 0, got {self.sspo_min_root_rollouts}")
+        if self.sspo_max_samples is not None and self.sspo_max_samples < 1:
+            raise ValueError(f"sspo_max_samples must be >= 1 or None (= num_generations), got {self.sspo_max_samples}")
         check_choice("state_scope", self.state_scope, SCOPES)
         check_choice("terminal_score", self.terminal_score, TERMINAL_SCORES)
         check_choice("sspo_mode", self.sspo_mode, MODES)
@@ -137,11 +191,23 @@ class SSPOTrainer(AgentGRPOTrainer):
     _config_class = SSPOConfig
     methods = (
         MethodInfo("3spo", "arXiv 2606.09961", "trl_agents.credit.sspo", title="3SPO",
+                   hook="compute_advantages (+ topology 'state_score' with sspo_allocation='adaptive')",
                    inputs=("success flags", "state keys (observation text when the env has none)",
-                           "persistent state-visit table"),
-                   tests=("tests/test_credit_3spo.py",)),
+                           "persistent state-visit table", "env snapshots (sspo_allocation='adaptive')"),
+                   tests=("tests/test_credit_3spo.py", "tests/test_sspo_allocation.py")),
     )
     required_env_capabilities = ("state_key",)
+    supports_trees = True  # credit/sspo.py counts a shared step once, in the trajectory that owns it
+
+    @classmethod
+    def topology_options(cls, args):
+        """The `state_score` topology's options from the config's 3SPO fields (a config or a dict of values)."""
+        get = args.get if isinstance(args, dict) else (lambda name, default=None: getattr(args, name, default))
+        if get("topology", "independent") != StateScoreTopology.name:
+            return super().topology_options(args)
+        return {"g_max": get("sspo_g_max", 8), "max_samples": get("sspo_max_samples"),
+                "terminal_score": get("terminal_score", "current"),
+                "min_root_rollouts": get("sspo_min_root_rollouts", 2)}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -154,6 +220,8 @@ class SSPOTrainer(AgentGRPOTrainer):
             eps=config.score_eps,
             scope=config.state_scope,
         )
+        if isinstance(self.rollout_topology, StateScoreTopology):  # its decisions read this table
+            self.rollout_topology.table = self.state_scores
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
@@ -181,7 +249,9 @@ class SSPOTrainer(AgentGRPOTrainer):
     def _update_state_scores(self, groups: list[Group]) -> None:
         """Add the episodes of this rollout, from every process, so that all processes keep the same table."""
         table = self.state_scores
-        records = [record for group in groups for record in table.group_records(group)]
+        topology = self.rollout_topology
+        skip = topology.uncounted if isinstance(topology, StateScoreTopology) else ()  # unfinished frontier siblings
+        records = [record for group in groups for record in table.group_records(group, skip)]
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 

@@ -20,6 +20,14 @@ Requests:
   step `step` of an episode (its snapshot is restored in a fresh environment); the new episode shares the parent's
   first `step` steps (the same `Step` objects: generated and recorded once) and samples its own action at `step`.
   `action_prefix` (token ids) makes that action continue from a token prefix instead of starting afresh.
+* `Stop(task_index, episode_id)`: end an active episode now, between turns (pruning a tree path): it is kept in its
+  group as an ordinary finished episode (not an infrastructure failure) with the steps it played; its episode-end
+  signals run as for an episode that ends without a step of its own. A Stop of an episode that already ended is a
+  no-op.
+* `Hold(task_index, episode_id, held=True)`: pause an active episode (it skips turns, its environment waiting in the
+  state it reached) until a `Hold(..., held=False)` resumes it; an episode still held when the rollout ends (nothing
+  unheld left to play and `when_idle` asks for nothing) ends then, like a `Stop` (e.g. the unexplored siblings left
+  on a depth-first frontier).
 
 `RolloutView` is the read-only picture a topology decides from: one `Group` per task with every trajectory so far
 (finished or not, in creation order), which episodes are still active, the turns played, and
@@ -75,7 +83,29 @@ class Fork:
     action_prefix: tuple[int, ...] = ()
 
 
-Request = Launch | Fork
+@dataclass(frozen=True)
+class Stop:
+    """End the active episode `episode_id` of task `task_index` now, between turns (e.g. a pruned tree path).
+
+    It stays in its group as a finished episode with the steps it played (not an infrastructure failure); an episode
+    that has already ended is left as it is.
+    """
+
+    task_index: int
+    episode_id: int
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Pause (`held=True`) or resume (`held=False`) the active episode `episode_id` of task `task_index`: a held
+    episode skips turns until resumed; one still held when the rollout ends is ended then, like a `Stop`."""
+
+    task_index: int
+    episode_id: int
+    held: bool = True
+
+
+Request = Launch | Fork | Stop | Hold
 
 
 class RolloutView:
@@ -95,7 +125,9 @@ class RolloutView:
         is_active: Callable[[Trajectory], bool],
         signal_fn: Callable[[str, list[Trajectory]], None] | None,
         max_turns: int,
+        is_held: Callable[[Trajectory], bool] | None = None,
     ):
+        self._is_held = is_held
         self.tasks = list(tasks)
         self.groups = groups
         self.turn = 0
@@ -106,6 +138,10 @@ class RolloutView:
     def is_active(self, trajectory: Trajectory) -> bool:
         """Whether the episode is still being played."""
         return self._is_active(trajectory)
+
+    def is_held(self, trajectory: Trajectory) -> bool:
+        """Whether the episode is paused by a `Hold` (it is still active: not finished)."""
+        return self._is_held is not None and self._is_held(trajectory)
 
     def active(self, task_index: int) -> list[Trajectory]:
         return [t for t in self.groups[task_index].trajectories if self.is_active(t)]

@@ -1,0 +1,419 @@
+"""APPO: agentic procedural policy optimization (arXiv 2606.12384; docs/methods/appo.md) — the math.
+
+Three pieces, each a pure function (lists in, lists out; the loss-side ones on tensors):
+
+1. **Where to branch** (rollout side). For every token j of an initial rollout, the log-ratio between the current
+   policy and the behaviour policy that sampled it, Δ_j = log π_θ(y_j) − log π_old(y_j), gives the *future value*
+
+       Ω_t = clip( exp( clamp( Σ_{j≥t} γ^{j−t} Δ_j , −20, 20 ) ), 1 − ε, 1 + ε )          (`future_values`)
+
+   and, with the token entropy H_t, the *branching score* of a token, z-scored within the rollout over its
+   non-punctuation tokens,
+
+       BS_t = z(H)_t · z(Ω)_t,   eligible iff z(H)_t > 0, z(Ω)_t > 0 and BS_t > 0          (`branching_scores`)
+
+   The best eligible positions (`top_positions`) are the split points: a branch continues the rollout's own tokens
+   y_0..y_t with a fresh sample. When Ω is unavailable (no behaviour log-probs) or degenerate (the sampler IS the
+   current policy, as with a transformers generator: Ω ≡ 1, its z-score is 0/0), the score falls back to z(H)
+   alone, eligible iff z(H) > 0.
+
+2. **Dual-group credit** (`appo_advantages`). Returns are z-scored separately inside the initial group and inside
+   the branch group of the same task. Branches train nothing (advantage 0); each initial rollout keeps its own
+   advantage A_o and, on its tokens up to a split point t_b of one of its branches b, receives
+
+       A_τ = (A_o + mean_b A_b) · mean_b M_{b,τ},   M_{b,τ} = 1 + (BS_b / BS_max) · 0.9^{t_b − τ}   (τ ≤ t_b)
+
+   (the means over the branches whose split point is at or after τ; `prefix_scale`).
+
+3. **Future-KL scaling in the loss** (`future_kl`, `future_kl_weights`, `dual_clip_drops`): per token,
+   Ã_t = A_t · (1 + b·f_t), f_t = clip(exp(FutureKL_t), 1, 1 + ε_f) (high-only: never below 1),
+   FutureKL_t = Σ_{k≥t} γ^{k−t} 1[Δ_k ≤ log c] Δ_k, γ = 2^{−1/64}, c = 3 (the dual-clip constant);
+   negative-advantage tokens whose ratio exceeds the safety threshold (4) get f clamped into [0.8, 1]; a row with more
+   than one dual-clipped negative-advantage token (A < 0 and ratio > c) is dropped.
+
+Numerical guards: z-scores of fewer than two values, or of values whose spread is below `tolerance`, are 0 (no
+eligible position rather than 0/0); a return group of one episode, or of equal returns, gets advantage 0 (centred
+returns are exactly 0, whatever ε); the exponent of Ω and of f is clamped to ±20 (no inf); BS_max ≤ 0 gives M = 1;
+empty inputs give empty outputs. Nothing here produces NaN or inf from finite inputs.
+
+Example (the acceptance numbers, docs/methods/appo.md "Hand-computed case"):
+    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]
+    [1.0, 0.9048, 0.9048]
+    >>> scores, eligible, used_omega = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
+    >>> [round(s, 3) for s in scores], eligible, used_omega
+    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False], True)
+    >>> [round(m, 3) for m in prefix_scale(split=3, score=1.0, score_max=1.0)]
+    [1.729, 1.81, 1.9, 2.0]
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..trajectory import Group, Trajectory
+from .base import check_group, mean_std
+
+DEFAULT_DECAY_RATE = 64.0  # γ = 2^(−1/64): the future sums' half-life is 64 tokens (APPO scripts)
+EXP_CLAMP = 20.0  # the exponent of Ω and of the future-KL factor is clamped to ±20 (as the code does)
+PUNCTUATION = frozenset(string.punctuation)
+
+if TYPE_CHECKING:  # the loss-side functions take tensors; torch is imported where they run
+    import torch
+
+
+def decay_gamma(decay_rate: float) -> float:
+    """γ = 2^(−1/decay_rate): a future term `decay_rate` tokens ahead weighs one half.
+
+    >>> round(decay_gamma(64.0), 6)
+    0.989228
+    """
+    return 2.0 ** (-1.0 / decay_rate)
+
+
+def is_punctuation(text: str) -> bool:
+    """Whether a token's text is only whitespace and punctuation (such tokens are never split points, nor counted in
+    the z-scores).
+
+    >>> is_punctuation(" ,"), is_punctuation("go"), is_punctuation("")
+    (True, False, True)
+    """
+    return all(ch.isspace() or ch in PUNCTUATION for ch in text)
+
+
+# ---- 1. where to branch ----------------------------------------------------------------------------------------------
+
+
+def future_sums(values: Sequence[float], gamma: float, keep: Sequence[bool] | None = None) -> list[float]:
+    """S_t = Σ_{k≥t} γ^{k−t} 1[keep_k]·v_k, backwards: S_t = 1[keep_t]·v_t + γ·S_{t+1}.
+
+    >>> future_sums([1.0, 0.0, 1.0], 0.5)
+    [1.25, 0.5, 1.0]
+    """
+    sums = [0.0] * len(values)
+    running = 0.0
+    for t in range(len(values) - 1, -1, -1):
+        term = values[t] if keep is None or keep[t] else 0.0
+        running = term + gamma * running
+        sums[t] = running
+    return sums
+
+
+def future_values(
+    log_ratios: Sequence[float], gamma: float = decay_gamma(DEFAULT_DECAY_RATE), epsilon: float | None = 0.2
+) -> list[float]:
+    """Ω_t = clip(exp(clamp(Σ_{j≥t} γ^{j−t} Δ_j, ±20)), 1 − ε, 1 + ε), Δ_j = log π_θ(y_j) − log π_old(y_j) over the
+    rollout's tokens in order; `epsilon=None` returns the unclipped values.
+
+    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]  # exp(0), exp(−.1), exp(−.1)
+    [1.0, 0.9048, 0.9048]
+    >>> future_values([1.0], gamma=1.0)  # exp(1) = 2.718 clipped to 1 + 0.2
+    [1.2]
+    """
+    omegas = []
+    for total in future_sums(log_ratios, gamma):
+        omega = math.exp(max(-EXP_CLAMP, min(EXP_CLAMP, total)))
+        if epsilon is not None:
+            omega = min(max(omega, 1.0 - epsilon), 1.0 + epsilon)
+        omegas.append(omega)
+    return omegas
+
+
+def zscores(values: Sequence[float], keep: Sequence[bool] | None = None, tolerance: float = 1e-8) -> list[float]:
+    """(v − μ)/σ with μ and the population σ over the kept values; 0 on values not kept, and 0 everywhere when
+    fewer than two values are kept or σ < `tolerance` (no spread: nothing stands out).
+
+    >>> [round(z, 4) for z in zscores([1.1, 1.0, 0.9, 1.2])]
+    [0.4472, -0.4472, -1.3416, 1.3416]
+    >>> zscores([1.0, 1.0, 1.0]), zscores([3.0, 1.0], keep=[True, False])
+    ([0.0, 0.0, 0.0], [0.0, 0.0])
+    """
+    kept = [v for i, v in enumerate(values) if keep is None or keep[i]]
+    if len(kept) < 2:
+        return [0.0] * len(values)
+    mean = sum(kept) / len(kept)
+    std = math.sqrt(sum((v - mean) ** 2 for v in kept) / len(kept))
+    if std < tolerance:
+        return [0.0] * len(values)
+    return [(v - mean) / std if keep is None or keep[i] else 0.0 for i, v in enumerate(values)]
+
+
+def branching_scores(
+    entropies: Sequence[float],
+    omegas: Sequence[float] | None,
+    keep: Sequence[bool] | None = None,
+    omega_tolerance: float = 1e-4,
+) -> tuple[list[float], list[bool], bool]:
+    """(score per token, eligible per token, whether Ω was used) within one rollout.
+
+    BS_t = z(H)_t·z(Ω)_t, eligible iff z(H) > 0, z(Ω) > 0 and BS > 0; z over the `keep` tokens (non-punctuation),
+    tokens not kept are never eligible. Ω None, with a non-finite value, or with a spread (population σ over the
+    kept tokens) below `omega_tolerance` falls back to score z(H), eligible iff z(H) > 0.
+
+    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
+    >>> [round(s, 3) for s in scores], eligible  # z(H) = [1.284, −0.691, 0.625, −1.218], z(Ω) = [.447, −.447, ...]
+    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False])
+    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.0, 1.0, 1.0, 1.0])  # Ω ≡ 1: z(H) alone
+    >>> [round(s, 3) for s in scores], eligible, used
+    ([1.284, -0.691, 0.625, -1.218], [True, False, True, False], False)
+    """
+    n = len(entropies)
+    keep = [True] * n if keep is None else list(keep)
+    z_h = zscores(entropies, keep)
+    use_omega = omegas is not None and len(omegas) == n and all(math.isfinite(v) for v in omegas)
+    if use_omega:
+        z_o = zscores(omegas, keep, tolerance=omega_tolerance)
+        use_omega = any(z != 0.0 for z in z_o)
+    if not use_omega:
+        return z_h, [keep[t] and z_h[t] > 0 for t in range(n)], False
+    scores = [z_h[t] * z_o[t] for t in range(n)]
+    eligible = [keep[t] and z_h[t] > 0 and z_o[t] > 0 and scores[t] > 0 for t in range(n)]
+    return scores, eligible, True
+
+
+def top_positions(scores: Sequence[float], eligible: Sequence[bool], count: int) -> list[int]:
+    """The `count` eligible positions with the highest scores (ties: the earliest), best first.
+
+    >>> top_positions([0.5, 2.0, 2.0, 9.0], [True, True, True, False], 2)
+    [1, 2]
+    """
+    ranked = sorted((t for t in range(len(scores)) if eligible[t]), key=lambda t: (-scores[t], t))
+    return ranked[: max(count, 0)]
+
+
+# ---- 2. dual-group credit --------------------------------------------------------------------------------------------
+
+
+def prefix_scale(split: int, score: float, score_max: float, decay: float = 0.9) -> list[float]:
+    """M_τ = 1 + (BS / BS_max)·decay^{split − τ} for τ = 0..split (BS_max ≤ 0 or BS ≤ 0: all 1).
+
+    >>> [round(m, 3) for m in prefix_scale(split=3, score=1.0, score_max=1.0)]  # 1 + .9^3, 1 + .9^2, 1 + .9, 2
+    [1.729, 1.81, 1.9, 2.0]
+    """
+    ratio = score / score_max if score_max > 0 and score > 0 else 0.0
+    return [1.0 + ratio * decay ** (split - tau) for tau in range(split + 1)]
+
+
+def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """(R − μ)/(σ + ε), σ Bessel-corrected (verl's GRPO); one return, or equal returns, give 0.
+
+    >>> [round(a, 4) for a in group_zscores([1.0, 0.0, 0.0, 1.0])]
+    [0.866, -0.866, -0.866, 0.866]
+    >>> group_zscores([1.0]), group_zscores([0.5, 0.5])
+    ([0.0], [0.0, 0.0])
+    """
+    mean, std = mean_std(returns)
+    return [(r - mean) / (std + eps) for r in returns]
+
+
+@dataclass(frozen=True)
+class BranchPoint:
+    """One split of token-level branching: the branch episode `episode_id` of task `task_index` continues step
+    `step` of the initial rollout `origin` after its tokens `[0..token]` (`prefix`), chosen with score `score`
+    (BS, or z(H) on the fallback); `position` is the split token's index among all the origin's action tokens."""
+
+    task_index: int
+    episode_id: int
+    origin: int
+    step: int
+    token: int
+    position: int
+    score: float
+    prefix: tuple[int, ...]
+
+
+def token_offsets(trajectory: Trajectory) -> list[int]:
+    """Index of each step's first action token among all the trajectory's action tokens, in order.
+
+    >>> from trl_agents.trajectory import Step
+    >>> token_offsets(Trajectory(task={}, steps=[Step("o", "a", action_ids=[1, 2]), Step("o", "b", action_ids=[3])]))
+    [0, 2]
+    """
+    offsets, total = [], 0
+    for step in trajectory.steps:
+        offsets.append(total)
+        total += len(step.action_ids)
+    return offsets
+
+
+def appo_advantages(
+    group: Group,
+    branch_points: Sequence[BranchPoint],
+    *,
+    prefix_decay: float = 0.9,
+    eps: float = 1e-6,
+    invalid_penalty: float = 0.0,
+) -> tuple[list[list[float | list[float]]], dict[str, float]]:
+    """APPO's dual-group advantages of one task's trajectories, and diagnostics.
+
+    Initial rollouts (no parent) and branches (forked) are z-scored separately (`group_zscores`). Every step of a
+    branch's path gets 0 (branches give a contrast, not a gradient). An initial rollout o gets A_o on its steps,
+    replaced on each action token τ at or before the split position t_b of one of its branches by
+    (A_o + mean_b A_b)·mean_b M_{b,τ} (`prefix_scale`, BS_max = the task's largest split score); then −λ on its
+    invalid steps. Branch points whose branch is not in the group (failed) are ignored.
+
+    Returns per trajectory one value per step: a float, or a list with one value per action token on the steps
+    that hold prefix tokens.
+
+    >>> from trl_agents.trajectory import Step
+    >>> def rollout(episode_id, reward, parent=None, fork_step=0):
+    ...     steps = [Step("o", "x", action_ids=[5, 6, 7], reward=reward)]
+    ...     return Trajectory(task={}, steps=steps, episode_id=episode_id, parent_id=parent, fork_step=fork_step)
+    >>> group = Group(task={}, trajectories=[rollout(0, 1.0), rollout(1, 0.0), rollout(2, 1.0, 0), rollout(3, 0.0, 1)])
+    >>> points = [BranchPoint(0, 2, 0, 0, 1, 1, 1.0, (5, 6)), BranchPoint(0, 3, 1, 0, 1, 1, 1.0, (5, 6))]
+    >>> advantages, stats = appo_advantages(group, points, eps=0.0)
+    >>> # A_o = ±0.7071, A_b = ±0.7071; tokens 0, 1: (A_o + A_b)·M with M = 1 + .9^(1−τ) = 1.9, 2; token 2: A_o
+    >>> [[round(v, 3) for v in advantages[i][0]] for i in (0, 1)], advantages[2], advantages[3]
+    ([[2.687, 2.828, 0.707], [-2.687, -2.828, -0.707]], [0.0], [0.0])
+    """
+    check_group(group, invalid_penalty)
+    trajectories = group.trajectories
+    init = [t for t in trajectories if t.parent_id is None]
+    branches = [t for t in trajectories if t.parent_id is not None]
+    init_adv = dict(zip((t.episode_id for t in init), group_zscores([t.episode_return for t in init], eps)))
+    branch_adv = dict(zip((t.episode_id for t in branches), group_zscores([t.episode_return for t in branches], eps)))
+    points = [p for p in branch_points if p.episode_id in branch_adv and p.origin in init_adv]
+    score_max = max((p.score for p in points), default=0.0)
+    by_origin: dict[int, list[BranchPoint]] = {}
+    for point in points:
+        by_origin.setdefault(point.origin, []).append(point)
+
+    advantages: list[list[float | list[float]]] = []
+    scales: list[float] = []
+    for trajectory in trajectories:
+        if trajectory.parent_id is not None:
+            advantages.append([0.0] * len(trajectory.steps))
+            continue
+        base = init_adv[trajectory.episode_id]
+        own = by_origin.get(trajectory.episode_id, [])
+        offsets = token_offsets(trajectory)
+        # Per prefix token τ: the branches whose split is at or after τ, with their M_{b,τ}.
+        covering: dict[int, list[tuple[float, float]]] = {}
+        for point in own:
+            for tau, scale in enumerate(prefix_scale(point.position, point.score, score_max, prefix_decay)):
+                covering.setdefault(tau, []).append((branch_adv[point.episode_id], scale))
+        values: list[float | list[float]] = []
+        for index, step in enumerate(trajectory.steps):
+            penalty = invalid_penalty if not step.valid else 0.0
+            tokens = range(offsets[index], offsets[index] + len(step.action_ids))
+            if not any(tau in covering for tau in tokens):
+                values.append(base - penalty)
+                continue
+            per_token = []
+            for tau in tokens:
+                if tau not in covering:
+                    per_token.append(base - penalty)
+                    continue
+                pairs = covering[tau]
+                bonus = sum(a for a, _ in pairs) / len(pairs)
+                scale = sum(m for _, m in pairs) / len(pairs)
+                scales.append(scale)
+                per_token.append((base + bonus) * scale - penalty)
+            values.append(per_token)
+        advantages.append(values)
+
+    stats = {
+        "init_rollouts": float(len(init)),
+        "branches": float(len(branches)),
+        "branch_points": float(len(points)),
+        "init_success_rate": sum(t.success for t in init) / len(init) if init else 0.0,
+        "branch_success_rate": sum(t.success for t in branches) / len(branches) if branches else 0.0,
+        "mean_prefix_scale": sum(scales) / len(scales) if scales else 1.0,
+        "prefix_tokens": float(len(scales)),
+    }
+    return advantages, stats
+
+
+# ---- 3. future-KL scaling in the loss (tensors) ----------------------------------------------------------------------
+
+
+def future_kl(delta: torch.Tensor, mask: torch.Tensor, gamma: float, dual_clip: float = 3.0) -> torch.Tensor:
+    """FutureKL_t = Σ_{k≥t} γ^{k−t} 1[Δ_k ≤ log c]·m_k·Δ_k per row of (B, T) `delta` (Δ = log π_θ − log π_old, masked
+    by `mask`; tokens with Δ > log c, c = `dual_clip`, do not take part).
+
+    >>> import torch
+    >>> future_kl(torch.tensor([[0.1, 0.0, -0.1]]), torch.ones(1, 3), gamma=1.0)
+    tensor([[ 0.0000, -0.1000, -0.1000]])
+    """
+    import torch
+
+    keep = (delta <= math.log(dual_clip)) & mask.bool()
+    terms = torch.where(keep, delta, torch.zeros_like(delta))
+    sums = torch.zeros_like(terms)
+    running = torch.zeros_like(terms[:, 0])
+    for t in range(terms.size(1) - 1, -1, -1):
+        running = terms[:, t] + gamma * running
+        sums[:, t] = running
+    return sums
+
+
+def future_kl_weights(
+    future: torch.Tensor,
+    advantages: torch.Tensor,
+    ratio: torch.Tensor,
+    clip_ratio: float = 0.2,
+    high_only: bool = True,
+    safety_ratio: float = 4.0,
+) -> torch.Tensor:
+    """f_t = clip(exp(clamp(FutureKL_t, ±20)), 1 (high-only) or 1 − ε_f, 1 + ε_f); tokens with A < 0 and ratio >
+    `safety_ratio` get f clamped into [0.8, 1] (with high-only clipping: exactly 1).
+
+    >>> import torch
+    >>> future_kl_weights(torch.tensor([[0.0, -0.1, -0.1]]), torch.ones(1, 3), torch.ones(1, 3))
+    tensor([[1., 1., 1.]])
+    >>> future_kl_weights(torch.tensor([[1.0, 0.1]]), -torch.ones(1, 2), torch.tensor([[5.0, 1.0]]))
+    tensor([[1.0000, 1.1052]])
+    """
+    import torch
+
+    raw = torch.exp(future.clamp(-EXP_CLAMP, EXP_CLAMP))
+    weights = raw.clamp(min=1.0 if high_only else 1.0 - clip_ratio, max=1.0 + clip_ratio)
+    risky = (advantages < 0) & (ratio > safety_ratio)
+    return torch.where(risky, weights.clamp(min=0.8, max=1.0), weights)
+
+
+def dual_clip_drops(advantages: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor, dual_clip: float = 3.0):
+    """Rows (B,) with more than one dual-clipped token (A < 0 and ratio > c): dropped from the loss.
+
+    >>> import torch
+    >>> dual_clip_drops(-torch.ones(2, 3), torch.tensor([[4.0, 5.0, 1.0], [4.0, 1.0, 1.0]]), torch.ones(2, 3))
+    tensor([ True, False])
+    """
+    clipped = (advantages < 0) & (ratio > dual_clip) & mask.bool()
+    return clipped.sum(dim=1) > 1
+
+
+def future_kl_advantages(
+    advantages: torch.Tensor,
+    delta: torch.Tensor,
+    ratio: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = decay_gamma(DEFAULT_DECAY_RATE),
+    weight: float = 1.0,
+    clip_ratio: float = 0.2,
+    high_only: bool = True,
+    dual_clip: float = 3.0,
+    safety_ratio: float = 4.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Ã, f, dropped rows): Ã_t = A_t·(1 + b·f_t) with f from `future_kl_weights`, 0 on the rows `dual_clip_drops`
+    drops. Everything detached (a per-token factor of the advantages, not a path for gradients).
+
+    >>> import torch
+    >>> adv, f, dropped = future_kl_advantages(torch.ones(1, 3), torch.tensor([[0.1, 0.0, -0.1]]), torch.ones(1, 3),
+    ...                                        torch.ones(1, 3), gamma=1.0)
+    >>> adv, dropped  # f = clip([1, .905, .905], 1, 1.2) = 1: multiplier 1 + 1·1 = 2 everywhere
+    (tensor([[2., 2., 2.]]), tensor([False]))
+    """
+    import torch
+
+    delta, ratio = delta.detach(), ratio.detach()
+    future = future_kl(delta, mask, gamma, dual_clip)
+    weights = future_kl_weights(future, advantages, ratio, clip_ratio, high_only, safety_ratio)
+    dropped = dual_clip_drops(advantages, ratio, mask, dual_clip)
+    scaled = advantages * (1.0 + weight * weights)
+    scaled = torch.where(dropped.unsqueeze(1), torch.zeros_like(scaled), scaled)
+    return scaled, weights, dropped

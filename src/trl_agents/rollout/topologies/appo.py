@@ -1,0 +1,248 @@
+"""`token_branching`: APPO's token-level branching (arXiv 2606.12384; docs/methods/appo.md).
+
+Phase 1 plays `num_generations` initial rollouts per task (n_init), recording an environment snapshot before every
+action. Phase 2 scores every action token of every healthy initial rollout and forks branches at the best ones,
+until the task has `rollouts_per_task` episodes (n): a branch at token k of step s restores the snapshot taken
+before step s and continues that step's action from its own tokens [0..k] (`Fork(action_prefix=...)`: the engine
+appends the prefix to the prompt, the generator samples the rest of the action, the environment then plays on).
+
+The score of a token (math in `trl_agents.credit.appo`): its entropy H under the current policy and its future value
+Ω, from the log-ratios between the current policy and the sampler over the rollout's tokens from there on, both
+z-scored within the rollout over its non-punctuation tokens: BS = z(H)·z(Ω), eligible iff z(H), z(Ω) and BS are all
+positive. H and the current policy's log-probs come from one batched no-grad forward over the initial rollouts (the
+model signal `policy_logprobs`, which also fills `entropy`); the sampler's are `step.action_logprobs`. When they
+coincide (a transformers generator samples with the current weights: Ω ≡ 1) or a log-prob is missing (NaN), Ω says
+nothing and the score falls back to z(H) (counted in `topology/omega_fallback_fraction`). `score="entropy"` always
+uses z(H) (the paper's BS→entropy ablation).
+
+Budget per task: `rollouts_per_task − num_generations` branches, one per split point, shared round-robin over the
+initial rollouts (each rollout's best point first, rollouts with the best points first; then their second best,
+...). Where there are fewer eligible points than the budget, `fill_budget` launches the rest as new initial rollouts
+(independent samples of the task), once the branches are done. The last token of an action is never a split point
+(nothing would be left to sample), nor a token without snapshot. `branch_points` lists the splits of the last rollout
+(`BranchPoint`, with the episode id the engine gives each branch), for the trainer's credit.
+
+Example:
+    >>> from trl_agents.rollout.topologies import get_topology
+    >>> topology = get_topology("token_branching", rollouts_per_task=4)
+    >>> topology.begin([{"seed": 0}], num_generations=2)
+    [Launch(task_index=0, count=2)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...credit.appo import (
+    DEFAULT_DECAY_RATE,
+    BranchPoint,
+    branching_scores,
+    decay_gamma,
+    future_values,
+    is_punctuation,
+    token_offsets,
+    top_positions,
+)
+from ...signals.base import ModelSignal, register_signal
+from ...signals.model import assign, score_units, scoring_units
+from ...trajectory import Trajectory
+from .base import Fork, Launch, Request, RolloutView, Topology
+
+TOKEN_BRANCH_SCORES = ("bs", "entropy")
+POLICY_LOGPROBS = "policy_logprobs"
+
+
+class PolicyLogprobs(ModelSignal):
+    """log π_θ of every recorded action token under the current policy, at the training temperature; the same
+    forward also fills `entropy` (per-token entropies), so the token-branching topology runs one forward."""
+
+    name = POLICY_LOGPROBS
+    description = "current-policy log-probs of the recorded action tokens (and their entropies, as `entropy`)"
+    recorded = False  # one float per token, derivable; entropies (`entropy`) are recorded
+
+    def compute(self, groups, context) -> None:
+        units = scoring_units(groups, context.row_format)
+        with context.model_context() as model:
+            scored = score_units(model, units, pad_token_id=context.pad_token_id, temperature=context.temperature,
+                                 entropy=True, max_rows=context.max_rows_per_forward,
+                                 max_tokens=context.max_tokens_per_forward)
+        assign(units, [logps for logps, _ in scored], self.name)
+        assign(units, [entropies for _, entropies in scored], "entropy")
+
+
+register_signal(POLICY_LOGPROBS, PolicyLogprobs)
+
+
+def punctuation_filter(tokenizer) -> Callable[[int], bool]:
+    """`skip(token_id)`: whether the token decodes to whitespace / punctuation only (or nothing: special tokens)."""
+    cache: dict[int, bool] = {}
+
+    def skip(token_id: int) -> bool:
+        if token_id not in cache:
+            cache[token_id] = is_punctuation(tokenizer.decode([token_id], skip_special_tokens=True))
+        return cache[token_id]
+
+    return skip
+
+
+class TokenBranchingTopology(Topology):
+    """n_init initial rollouts per task, then branches at their best tokens up to `rollouts_per_task` (module doc).
+
+    Args:
+        rollouts_per_task: n, episodes per task in all (initial rollouts + branches + fill-ups); the initial ones are
+            the rollout's `num_generations`.
+        score: `"bs"` (z(H)·z(Ω), falling back to z(H)) or `"entropy"` (z(H) always).
+        decay_rate: γ = 2^(−1/decay_rate) of Ω's future sum.
+        value_clip: ε of Ω's clip to [1 − ε, 1 + ε].
+        omega_tolerance: Ω whose spread (population σ over the rollout's scored tokens) is below this says nothing.
+        fill_budget: Launch the budget that no eligible split point takes as new initial rollouts.
+        skip_token: `skip(token_id)`, tokens that are never scored (punctuation); the trainer sets it from its
+            tokenizer (`punctuation_filter`). None scores every token.
+    """
+
+    name = "token_branching"
+    needs_snapshots = True
+    required_capabilities = ("snapshot",)
+
+    def __init__(
+        self,
+        rollouts_per_task: int = 16,
+        score: str = "bs",
+        decay_rate: float = DEFAULT_DECAY_RATE,
+        value_clip: float = 0.2,
+        omega_tolerance: float = 1e-4,
+        fill_budget: bool = True,
+        skip_token: Callable[[int], bool] | None = None,
+    ):
+        if isinstance(rollouts_per_task, bool) or not isinstance(rollouts_per_task, int) or rollouts_per_task < 1:
+            raise ValueError(f"rollouts_per_task must be an integer >= 1, got {rollouts_per_task!r}")
+        if score not in TOKEN_BRANCH_SCORES:
+            raise ValueError(f"score must be one of {', '.join(map(repr, TOKEN_BRANCH_SCORES))}, got {score!r}")
+        if not (math.isfinite(decay_rate) and decay_rate > 0):
+            raise ValueError(f"decay_rate must be a positive number (APPO: 64), got {decay_rate!r}")
+        if not 0.0 <= value_clip < 1.0:
+            raise ValueError(f"value_clip must be in [0, 1) (APPO: 0.2), got {value_clip!r}")
+        self.rollouts_per_task = rollouts_per_task
+        self.score = score
+        self.gamma = decay_gamma(decay_rate)
+        self.value_clip = value_clip
+        self.omega_tolerance = omega_tolerance
+        self.fill_budget = fill_budget
+        self.skip_token = skip_token
+        self.model_signals = (POLICY_LOGPROBS,)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._phase = "initial"
+        self.branch_points: list[BranchPoint] = []
+        self._pending_fills: list[Request] = []
+        self._fills = 0
+        self._scored = 0
+        self._fallbacks = 0
+        self._tasks = 0
+
+    def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
+        self._reset()
+        self._tasks = len(tasks)
+        return [Launch(index, num_generations) for index in range(len(tasks))]
+
+    def when_idle(self, view: RolloutView) -> list[Request]:
+        if self._phase != "initial":
+            # The fill-ups once the branches are done (the engine checks a task's launched episodes against its
+            # other roots, so launches do not share a request list with forks).
+            fills, self._pending_fills = self._pending_fills, []
+            return fills
+        self._phase = "branches"
+        initial = [(index, t) for index, group in enumerate(view.groups) for t in group.trajectories
+                   if t.parent_id is None and not t.failed and t.steps]
+        if initial:
+            view.compute_signal(POLICY_LOGPROBS, [t for _, t in initial])
+        requests: list[Request] = []
+        for index, group in enumerate(view.groups):
+            budget = self.rollouts_per_task - len(group.trajectories)
+            if budget <= 0:
+                continue
+            ranked = [self.split_points(t) for i, t in initial if i == index]
+            chosen = _round_robin([points for points in ranked if points], budget)
+            next_id = len(group.trajectories)  # the engine numbers a task's new episodes in request order
+            for trajectory, step, token, position, score in chosen:
+                prefix = tuple(trajectory.steps[step].action_ids[: token + 1])
+                self.branch_points.append(BranchPoint(index, next_id, trajectory.episode_id, step, token, position,
+                                                      score, prefix))
+                requests.append(Fork(index, trajectory.episode_id, step, 1, action_prefix=prefix))
+                next_id += 1
+            if self.fill_budget and len(chosen) < budget:
+                self._pending_fills.append(Launch(index, budget - len(chosen)))
+                self._fills += budget - len(chosen)
+        if not requests:  # nothing to fork: the fill-ups right away
+            requests, self._pending_fills = self._pending_fills, []
+        return requests
+
+    def split_points(self, trajectory: Trajectory) -> list[tuple[Trajectory, int, int, int, float]]:
+        """The eligible split points of an initial rollout, best first: (trajectory, step, token, position among its
+        action tokens, score). Needs the `policy_logprobs` / `entropy` signals on its steps."""
+        tokens = [(s, k, token_id) for s, step in enumerate(trajectory.steps) for k, token_id in
+                  enumerate(step.action_ids)]
+        if not tokens:
+            return []
+        entropies, current, behaviour = [], [], []
+        for step in trajectory.steps:
+            if not step.action_ids:  # an empty action has no tokens (and no signal values)
+                continue
+            values = step.signals.get("entropy")
+            logps = step.signals.get(POLICY_LOGPROBS)
+            if values is None or logps is None:
+                raise ValueError("token branching needs step.signals['entropy'] and ['policy_logprobs'] (the model "
+                                 "signal 'policy_logprobs')")
+            entropies += [float(v) for v in values]
+            current += [float(v) for v in logps]
+            sampled = list(step.action_logprobs)
+            behaviour += [float(v) for v in sampled] if len(sampled) == len(step.action_ids) else (
+                [math.nan] * len(step.action_ids))
+        keep = [self.skip_token is None or not self.skip_token(token_id) for _, _, token_id in tokens]
+        omegas = None
+        if self.score == "bs":
+            log_ratios = [c - b for c, b in zip(current, behaviour, strict=True)]
+            if all(math.isfinite(v) for v in log_ratios):
+                omegas = future_values(log_ratios, self.gamma, self.value_clip)
+        scores, eligible, used_omega = branching_scores(entropies, omegas, keep, self.omega_tolerance)
+        self._scored += 1
+        self._fallbacks += int(self.score == "bs" and not used_omega)
+        for position, (s, k, _) in enumerate(tokens):
+            step = trajectory.steps[s]
+            if k == len(step.action_ids) - 1 or step.snapshot is None:  # nothing left to sample / cannot restore
+                eligible[position] = False
+        offsets = token_offsets(trajectory)
+        return [(trajectory, s, k, offsets[s] + k, scores[offsets[s] + k])
+                for s, k in ((tokens[p][0], tokens[p][1]) for p in top_positions(scores, eligible, len(tokens)))]
+
+    def stats(self, view: RolloutView) -> dict[str, float]:
+        groups = view.groups
+        if not groups:
+            return {}
+        tasks = len(groups)
+        return {
+            "leaves_per_task": sum(len(g.trajectories) for g in groups) / tasks,
+            "branches_per_task": len(self.branch_points) / tasks,
+            "fill_rollouts_per_task": self._fills / tasks,
+            "omega_fallback_fraction": self._fallbacks / self._scored if self._scored else 0.0,
+        }
+
+
+def _round_robin(ranked: list[list[tuple]], budget: int) -> list[tuple]:
+    """Up to `budget` points: every rollout's best, rollouts in the order of their best scores (ties: the first),
+    then every rollout's second best, and so on.
+
+    >>> _round_robin([[("a", 0, 0, 0, 1.0), ("a", 0, 1, 1, 0.5)], [("b", 0, 0, 0, 2.0)]], 3)
+    [('b', 0, 0, 0, 2.0), ('a', 0, 0, 0, 1.0), ('a', 0, 1, 1, 0.5)]
+    """
+    order = sorted(range(len(ranked)), key=lambda i: -ranked[i][0][4])
+    chosen, depth = [], 0
+    while len(chosen) < budget and any(depth < len(ranked[i]) for i in order):
+        for i in order:
+            if depth < len(ranked[i]) and len(chosen) < budget:
+                chosen.append(ranked[i][depth])
+        depth += 1
+    return chosen

@@ -1,0 +1,246 @@
+"""`patr`: a process-scorer guided tree of exactly B leaves per task (PATR, arXiv 2607.15610; docs/methods/patr.md).
+
+Each task starts with `roots` (n₀) episodes from its initial state. After every turn the topology scores every
+active partial trajectory h with the process scorer (one batched call for all tasks; `q(h) ∈ [0, 1]`, written to
+the last step as `step.signals["patr_score"]`) and, per task:
+
+* **Pruning** (conservative): a degenerate path — q < `tau_prune` for `prune_patience` consecutive scored turns, its
+  last `repeat_limit` actions the same text in the same observation, or its last `prune_patience` actions rejected
+  by the environment — is ended (`Stop`) and stays in the group as a failed leaf (its last step carries
+  `step.signals["patr_pruned"]` = the reason; the credit gives it the pruned return, 0).
+* **Expansion**: the `expand_top_k` best-scored remaining nodes with q ≥ `tau_expand` (ties: the lower episode id)
+  get `branch_factor − 1` new children, so b children with the path's own continuation: forks from the environment
+  snapshot of the node's state, sharing its steps. With `expand_from="next_state"` (default) the node's state is
+  s_{t+1}, the state the scored partial trajectory h = steps[:t+1] ended in; its snapshot is recorded when the path
+  plays its next turn, so the children are forked right after that turn (fork step t+1: they share h exactly and
+  sample their own action where the path sampled its next one). With `"last_action"` the children re-sample the
+  node's last action from s_t at once (fork step t).
+* **Survival**: every other active path goes on with one child (itself).
+
+A task never gets more than B = `budget` (default: `num_generations`) trajectories: an expansion gets fewer children
+when the budget is nearly spent. When every episode has ended with fewer than B leaves, the rest are filled in
+(`when_idle`): forks from the best-scored recorded nodes (one each, best first, round robin; nodes with q below
+`tau_prune` are not used), or new roots when there is no such node. Infrastructure-failed episodes count towards B
+(they cost compute) and are not trained on.
+
+Example:
+    >>> from trl_agents.rollout.topologies import get_topology
+    >>> topology = get_topology("patr", scorer=lambda trajectories: [0.5] * len(trajectories), branch_factor=2)
+    >>> topology.begin([{"env": "frozenlake", "seed": 0}], num_generations=4)
+    [Launch(task_index=0, count=1)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...credit.patr import (
+    PRUNED,
+    SCORE,
+    CallableScorer,
+    choose_expansions,
+    degenerate_reason,
+    spread,
+    update_streak,
+)
+from ...trajectory import Trajectory
+from .base import Fork, Launch, Request, RolloutView, Stop, Topology
+
+EXPAND_FROM = ("next_state", "last_action")
+STAT_NAMES = ("leaves_per_task", "expansions_per_task", "pruned_per_task", "filled_per_task",
+              "scored_nodes_per_task", "mean_score", "unscored_fraction")
+
+
+class PATRTopology(Topology):
+    """Process-scorer guided expansion, survival and conservative pruning, with exactly `budget` leaves per task.
+
+    Args:
+        scorer: `scorer(trajectories) -> scores`, one q ∈ [0, 1] (or None: no score) per partial trajectory; a
+            scorer of `trl_agents.credit.patr` or any callable (wrapped in `CallableScorer`). None: set
+            `topology.scorer` before the first rollout (the PATR trainer does).
+        budget: B, leaves per task; None = `num_generations`.
+        roots: n₀, episodes started from the task's initial state.
+        branch_factor: b ≥ 2, children of an expanded node (its own continuation included).
+        tau_expand: τ_exp, the lowest score a node is expanded at.
+        tau_prune: τ_prune; a path is pruned after `prune_patience` consecutive scores below it.
+        prune_patience: m ≥ 1.
+        expand_top_k: Nodes expanded per task per turn at most (the best-scored ones).
+        repeat_limit: A path whose last `repeat_limit` actions repeat the same text in the same observation is
+            pruned; 0 turns the rule off.
+        expand_from: "next_state" or "last_action" (module docstring).
+    """
+
+    name = "patr"
+    needs_snapshots = True
+    required_capabilities = ("snapshot",)
+
+    def __init__(
+        self,
+        scorer: Any = None,
+        budget: int | None = None,
+        roots: int = 1,
+        branch_factor: int = 2,
+        tau_expand: float = 0.6,
+        tau_prune: float = 0.2,
+        prune_patience: int = 2,
+        expand_top_k: int = 1,
+        repeat_limit: int = 3,
+        expand_from: str = "next_state",
+    ):
+        for field, value, low in (("roots", roots, 1), ("branch_factor", branch_factor, 2),
+                                  ("prune_patience", prune_patience, 1), ("expand_top_k", expand_top_k, 1),
+                                  ("repeat_limit", repeat_limit, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{field} must be an integer >= {low}, got {value!r}")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < roots):
+            raise ValueError(f"budget must be None (= num_generations) or an integer >= roots={roots}, got {budget!r}")
+        for field, value in (("tau_expand", tau_expand), ("tau_prune", tau_prune)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
+        if tau_prune > tau_expand:
+            raise ValueError(f"tau_prune ({tau_prune}) must not exceed tau_expand ({tau_expand})")
+        if expand_from not in EXPAND_FROM:
+            raise ValueError(f"expand_from must be one of {', '.join(map(repr, EXPAND_FROM))}, got {expand_from!r}")
+        if scorer is not None and not callable(scorer):
+            raise TypeError(f"scorer must be callable (trajectories -> scores), got {type(scorer).__name__}")
+        self.scorer = scorer if scorer is None or hasattr(scorer, "kind") else CallableScorer(scorer)
+        self.budget, self.roots, self.branch_factor = budget, roots, branch_factor
+        self.tau_expand, self.tau_prune, self.prune_patience = float(tau_expand), float(tau_prune), prune_patience
+        self.expand_top_k, self.repeat_limit, self.expand_from = expand_top_k, repeat_limit, expand_from
+        self._reset(0, 0)
+
+    def _reset(self, num_tasks: int, budget: int) -> None:
+        self._budget = budget
+        self._pending: list[tuple[int, int, int, int]] = []  # (task, episode id, fork step, children) to fork
+        self._streaks: dict[int, int] = {}  # id(trajectory) -> consecutive low scores
+        self.expanded: list[list[tuple[int, int]]] = [[] for _ in range(num_tasks)]  # (episode id, fork step)
+        self.pruned: list[list[tuple[int, str]]] = [[] for _ in range(num_tasks)]  # (episode id, reason)
+        self.filled = [0] * num_tasks
+        self.scored = [0] * num_tasks
+        # Per task: the sum of its nodes' scores and its unscored nodes (stats are means over tasks, which the
+        # trainer averages over processes: a mean over all nodes would weigh processes by their node counts).
+        self._score_sums, self._unscored = [0.0] * num_tasks, [0] * num_tasks
+        self.scorer_calls = 0
+
+    def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
+        budget = self.budget if self.budget is not None else num_generations
+        if budget < self.roots:
+            raise ValueError(f"PATR's leaf budget B={budget} is below roots={self.roots}: raise the budget "
+                             "(num_generations) or lower the roots")
+        if self.scorer is None:
+            raise ValueError("the patr topology has no scorer: pass scorer= (trajectories -> scores in [0, 1])")
+        self._reset(len(tasks), budget)
+        return [Launch(index, self.roots) for index in range(len(tasks))]
+
+    # ---- after every turn: score, prune, expand ----------------------------------------------------------------------
+
+    def after_turn(self, view: RolloutView) -> list[Request]:
+        requests: list[Request] = self._pending_forks(view)
+        nodes = [(index, t) for index in range(len(view.groups)) for t in view.active(index)
+                 if len(t.steps) > t.fork_step and SCORE not in t.steps[-1].signals]
+        if nodes:
+            scores = list(self.scorer([t for _, t in nodes]))
+            if len(scores) != len(nodes):
+                raise ValueError(f"the PATR scorer returned {len(scores)} scores for {len(nodes)} trajectories")
+            self.scorer_calls += 1
+        else:
+            scores = []
+        candidates: dict[int, list[tuple[float | None, int]]] = {}
+        for (index, trajectory), q in zip(nodes, scores, strict=True):
+            trajectory.steps[-1].signals[SCORE] = q
+            self.scored[index] += 1
+            if q is None:
+                self._unscored[index] += 1
+            else:
+                self._score_sums[index] += q
+            streak = self._streaks[id(trajectory)] = update_streak(self._streaks.get(id(trajectory), 0), q,
+                                                                   self.tau_prune)
+            reason = degenerate_reason(trajectory, streak, self.prune_patience, self.repeat_limit)
+            if reason is not None:
+                trajectory.steps[-1].signals[PRUNED] = reason  # kept as a failed leaf (credit.patr.leaf_return)
+                self.pruned[index].append((trajectory.episode_id, reason))
+                requests.append(Stop(index, trajectory.episode_id))
+            else:
+                candidates.setdefault(index, []).append((q, trajectory.episode_id))
+        for index, nodes_of_task in sorted(candidates.items()):
+            group = view.groups[index]
+            for episode_id in choose_expansions(nodes_of_task, self.tau_expand, self.expand_top_k):
+                children = min(self.branch_factor - 1, self._room(view, index, requests))
+                if children <= 0:
+                    break
+                steps = len(group.trajectory(episode_id).steps)
+                if self.expand_from == "last_action":
+                    requests.append(Fork(index, episode_id, steps - 1, children))
+                    self.expanded[index].append((episode_id, steps - 1))
+                else:  # the node's state: snapshotted when the path plays its next turn
+                    self._pending.append((index, episode_id, steps, children))
+        return requests
+
+    def _pending_forks(self, view: RolloutView) -> list[Request]:
+        """The expansions of the previous turn whose node state is now recorded (the parent's step `fork step`)."""
+        requests = []
+        for index, episode_id, step, children in self._pending:
+            parent = view.groups[index].trajectory(episode_id)
+            if not parent.failed and len(parent.steps) > step and parent.steps[step].snapshot is not None:
+                requests.append(Fork(index, episode_id, step, children))
+                self.expanded[index].append((episode_id, step))
+        self._pending = []  # the others (a parent that failed or ended without a step) give their budget back
+        return requests
+
+    def _room(self, view: RolloutView, index: int, requests: Sequence[Request]) -> int:
+        """Leaves task `index` may still get: B − its trajectories − the children already promised to it (pending
+        expansions and the `requests` about to be served)."""
+        promised = sum(children for task, _, _, children in self._pending if task == index)
+        asked = sum(r.count for r in requests if isinstance(r, Launch | Fork) and r.task_index == index)
+        return self._budget - len(view.groups[index].trajectories) - promised - asked
+
+    # ---- nothing active: fill up to B leaves -------------------------------------------------------------------------
+
+    def when_idle(self, view: RolloutView) -> list[Request]:
+        requests: list[Request] = self._pending_forks(view)
+        for index, group in enumerate(view.groups):
+            room = self._room(view, index, requests)
+            if room <= 0:
+                continue
+            self.filled[index] += room
+            nodes = self.fill_nodes(group.trajectories)
+            if not nodes:
+                requests.append(Launch(index, room))
+                continue
+            for (episode_id, step), count in zip(nodes, spread(room, min(room, len(nodes))), strict=False):
+                requests.append(Fork(index, episode_id, step, count))
+        return requests
+
+    def fill_nodes(self, trajectories: Sequence[Trajectory]) -> list[tuple[int, int]]:
+        """(episode id, fork step) of the recorded nodes to fork from, best score first (ties: the earlier step,
+        then the lower id): a scored step with q ≥ τ_prune whose resulting state has a snapshot (the next step's,
+        with "next_state"; with "last_action" the scored step's own)."""
+        ranked = []
+        for trajectory in trajectories:
+            if trajectory.failed:
+                continue
+            for t in range(trajectory.fork_step, len(trajectory.steps)):
+                q = trajectory.steps[t].signals.get(SCORE)
+                if q is None or q < self.tau_prune:
+                    continue
+                fork = t if self.expand_from == "last_action" else t + 1
+                if fork < len(trajectory.steps) and trajectory.steps[fork].snapshot is not None:
+                    ranked.append((-q, t, trajectory.episode_id, fork))
+        return [(episode_id, fork) for _, _, episode_id, fork in sorted(ranked)]
+
+    def stats(self, view: RolloutView) -> dict[str, float]:
+        tasks = max(len(view.groups), 1)
+        scored = sum(self.scored)
+        rated = [(total, count - unscored) for total, count, unscored in zip(self._score_sums, self.scored,
+                                                                             self._unscored, strict=True)]
+        return {
+            "leaves_per_task": sum(len(g.trajectories) for g in view.groups) / tasks,
+            "expansions_per_task": sum(len(e) for e in self.expanded) / tasks,
+            "pruned_per_task": sum(len(p) for p in self.pruned) / tasks,
+            "filled_per_task": sum(self.filled) / tasks,
+            "scored_nodes_per_task": scored / tasks,
+            # means over tasks of the task's mean score / unscored fraction (0 for a task with no scored node)
+            "mean_score": sum(total / count for total, count in rated if count) / tasks,
+            "unscored_fraction": sum(u / c for u, c in zip(self._unscored, self.scored, strict=True) if c) / tasks,
+        }

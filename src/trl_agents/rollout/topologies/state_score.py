@@ -1,0 +1,314 @@
+"""`state_score`: 3SPO's adaptive rollout allocation with ranked backtracking (arXiv 2606.09961, Eq. 3;
+docs/methods/3spo.md).
+
+Each task runs a depth-first search over its environment, all tasks in lock-step (one generation call per turn):
+
+1. The followed episode (the *head*) acts from state s. Then n(s) = ⌈G_max·S(s)⌉ (Eq. 3, S from the state-score
+   table, `StateScoreTable.num_rollouts`):
+   * n = 0: truncate — the head ends there (it counts as a finished trajectory);
+   * n = 1: continue — the head plays on;
+   * n ≥ 2: branch — the head is held and n − 1 siblings are forked from the snapshot before its action; they sample
+     their own action at s in the next turn, so that n actions from s exist, the head's included.
+2. Once the siblings have acted, all n are ranked by R_3SPO(s, s') (Eq. 2, `transition_reward`; ties: creation
+   order). Siblings whose action was already followed from s in this search (the per-state explored-action sets),
+   or repeats of a better-ranked sibling's action, are skipped. The best remaining sibling is followed (it becomes
+   the head; its action joins the explored set of s), the other remaining ones are pushed on the task's frontier
+   stack, held where they are (worst first, so the top is the next best). With nothing remaining: backtrack.
+3. When the head's episode ends, the search counts it as a finished trajectory and updates its statistics (the
+   rollout's copy of the table: N(s) += 1, N⁺(s) += success, t += 1), then pops the frontier: the sibling on top
+   continues from the state its action reached (the last decision point); a popped sibling whose action already
+   ended its episode counts as finished at once.
+4. A task's search stops at `max_samples` finished trajectories (or an empty frontier). Siblings still on its
+   frontier end with the rollout, unfinished: they are trained as siblings (their action from the decision point
+   has its R_3SPO) but are *not* finished trajectories, so the trainer does not count them in the table
+   (`uncounted`).
+
+Decisions read the trainer's persistent table (`table`, set by `SSPOTrainer`) plus the episodes this rollout has
+finished so far, on a copy: the trainer's table itself is updated after the rollout's credit (the credit reads it as
+it stood before the batch). R_3SPO of a sibling needs h(s'), the state its action reached; the engine records a
+state's key only when an episode acts from it, so s' is recognised by its observation among the states this task's
+episodes acted from in this rollout, and otherwise follows the credit's `terminal_score` rule (S(s') := S(s) for
+"current", 1 for "unseen"), as in `credit.sspo` — our choice (docs/methods/3spo.md#our-choices). The explored-action
+sets live for one rollout and one task (the 3SPO code keeps one global set, which would leave nothing to explore
+after a few rollouts); an action is the environment's parsed action (`info["action"]`) or the stripped text.
+
+Cost: every decision point with n ≥ 2 adds n − 1 episodes (environments) and one turn. With α = 50 the score is
+almost binary (docs/methods/3spo.md): unseen and rarely failed states branch G_max ways, states that ever led to a
+success continue (n = 1), states that failed ξ times and never succeeded truncate.
+
+Example (a stub table where every state scores 0.3: n = ⌈8·0.3⌉ = 3):
+    >>> from trl_agents.rollout.topologies import get_topology
+    >>> topology = get_topology("state_score", g_max=8, max_samples=4)
+    >>> topology.begin([{"env": "frozenlake", "seed": 0}], num_generations=8)
+    [Launch(task_index=0, count=1)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...credit.sspo import TERMINAL_SCORES, StateScoreTable, state_identity, transition_reward
+from ...trajectory import Group, Trajectory
+from .base import Fork, Hold, Launch, Request, RolloutView, Stop, Topology
+
+
+@dataclass
+class _Decision:
+    """A branching in progress: the head acted at step `step` from `state`; `members` (episode ids, the head
+    first) are the n siblings from that state."""
+
+    state: Hashable
+    step: int
+    members: list[int]
+
+
+@dataclass
+class _Search:
+    """One task's depth-first search."""
+
+    head: int | None = None
+    head_steps: int = 0  # the head's steps when it was (re)started: it acted once it has more
+    decision: _Decision | None = None
+    frontier: list[int] = field(default_factory=list)  # held siblings, the next best on top (last)
+    explored: dict[Hashable, set[str]] = field(default_factory=dict)
+    finished: int = 0
+    done: bool = False
+    decisions: int = 0
+    branched: int = 0  # siblings forked
+    truncated: int = 0  # heads ended by n = 0
+    backtracks: int = 0  # frontier pops
+    skipped: int = 0  # siblings skipped (action explored or repeated)
+
+
+def action_of(trajectory: Trajectory, step: int) -> str:
+    """The action an episode took at `step`: the environment's parsed action, else the stripped text."""
+    recorded = trajectory.steps[step]
+    return str(recorded.info.get("action") or recorded.action_text.strip())
+
+
+class StateScoreTopology(Topology):
+    """3SPO's adaptive allocation n(s) = ⌈G_max·S(s)⌉ with a ranked backtracking depth-first search per task (see
+    the module docstring).
+
+    Args:
+        g_max: G_max of Eq. 3 (3SPO: 8).
+        max_samples: Finished trajectories per task (3SPO `max_samples_per_prompt`: 32); None = the rollout's
+            `num_generations`.
+        terminal_score: S of a sibling's next state when it is not recognised ("current" or "unseen", as the
+            credit's `terminal_score`).
+        table: The persistent state-score table (`SSPOTrainer` sets its own); None = an empty one.
+        min_root_rollouts: At least this many actions from a task's initial state, whatever n(s_0) says (2: our
+            choice, docs/methods/3spo.md#our-choices). With α = 50 a start state that has ever led to a success
+            scores S ≈ 0, so Eq. 3 alone truncates the first episode after one action: a group of one, which credit
+            cannot compare with anything (`min_healthy_episodes` drops it). 1 or 0 leave Eq. 3 unchanged there.
+    """
+
+    name = "state_score"
+    needs_snapshots = True
+    required_capabilities = ("snapshot",)
+
+    def __init__(self, g_max: int = 8, max_samples: int | None = None, terminal_score: str = "current",
+                 table: StateScoreTable | None = None, min_root_rollouts: int = 2):
+        if isinstance(g_max, bool) or not isinstance(g_max, int) or g_max < 1:
+            raise ValueError(f"g_max must be an integer >= 1 (3SPO: 8), got {g_max!r}")
+        if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int)
+                                        or max_samples < 1):
+            raise ValueError(f"max_samples must be an integer >= 1 or None (= num_generations), got {max_samples!r}")
+        if isinstance(min_root_rollouts, bool) or not isinstance(min_root_rollouts, int) or min_root_rollouts < 0:
+            raise ValueError(f"min_root_rollouts must be an integer >= 0, got {min_root_rollouts!r}")
+        if terminal_score not in TERMINAL_SCORES:
+            raise ValueError(f"terminal_score must be one of {TERMINAL_SCORES}, got {terminal_score!r}")
+        self.g_max = g_max
+        self.max_samples = max_samples
+        self.terminal_score = terminal_score
+        self.table = table
+        self.min_root_rollouts = min_root_rollouts
+        self.uncounted: set[int] = set()  # id() of the trajectories that did not finish (frontier leftovers)
+        # What the search did, in order: ("decide", task, state, n), ("follow", task, episode), ("push", task,
+        # episode), ("skip", task, episode), ("pop", task, episode), ("finish", task, episode), ("close", task).
+        self.events: list[tuple] = []
+        self._searches: list[_Search] = []
+        self._local = StateScoreTable()
+        self._budget = 1
+
+    # ---- the protocol ----------------------------------------------------------------------------------------------
+
+    def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
+        self._local = (self.table if self.table is not None else StateScoreTable()).copy()  # + this rollout's
+        self._budget = self.max_samples or num_generations
+        self._searches = [_Search(head=0) for _ in tasks]
+        self.uncounted, self.events = set(), []
+        return [Launch(index, 1) for index in range(len(tasks))]
+
+    def after_turn(self, view: RolloutView) -> list[Request]:
+        return self._advance(view)
+
+    def when_idle(self, view: RolloutView) -> list[Request]:
+        return self._advance(view)
+
+    def stats(self, view: RolloutView) -> dict[str, float]:
+        searches = self._searches
+        count = max(len(searches), 1)  # the same keys on every process, even without tasks
+        return {
+            "leaves_per_task": sum(len(g.trajectories) for g in view.groups) / count,
+            "finished_per_task": sum(s.finished for s in searches) / count,
+            "decisions_per_task": sum(s.decisions for s in searches) / count,
+            "branched_per_task": sum(s.branched for s in searches) / count,
+            "truncated_per_task": sum(s.truncated for s in searches) / count,
+            "backtracks_per_task": sum(s.backtracks for s in searches) / count,
+            "skipped_per_task": sum(s.skipped for s in searches) / count,
+        }
+
+    # ---- the search ------------------------------------------------------------------------------------------------
+
+    def _advance(self, view: RolloutView) -> list[Request]:
+        requests: list[Request] = []
+        for index, search in enumerate(self._searches):
+            if not search.done:
+                self._advance_task(view, index, search, requests)
+        return requests
+
+    def _advance_task(self, view: RolloutView, index: int, search: _Search, requests: list[Request]) -> None:
+        group = view.groups[index]
+        if search.decision is not None:
+            members = [group.trajectory(e) for e in search.decision.members]
+            if any(view.is_active(t) and len(t.steps) <= search.decision.step for t in members):
+                return  # some siblings have not acted yet
+            self._rank(view, index, search, group, members, requests)
+            return
+        head = group.trajectory(search.head)
+        if len(head.steps) <= search.head_steps:  # it has not acted since it was (re)started
+            if not view.is_active(head):  # it ended without acting (a failed reset, a context overflow)
+                self._finish(view, index, search, head, requests, counted=not head.failed)
+            return
+        if head.failed:
+            self._finish(view, index, search, head, requests, counted=False)
+            return
+        step = len(head.steps) - 1
+        state = state_identity(head.steps[step])
+        n = self._local.num_rollouts(state, group.task_id, self.g_max)
+        if step == 0 and head.parent_id is None:  # the initial state: never a group of one (min_root_rollouts)
+            n = max(n, self.min_root_rollouts)
+        self.events.append(("decide", index, state, n))
+        search.decisions += 1
+        if n == 0:  # truncate: the head ends here
+            search.truncated += 1
+            if view.is_active(head):
+                requests.append(Stop(index, head.episode_id))
+            self._finish(view, index, search, head, requests)
+        elif n == 1:  # continue
+            search.explored.setdefault(state, set()).add(action_of(head, step))
+            if view.is_active(head):
+                search.head_steps = len(head.steps)
+            else:
+                self._finish(view, index, search, head, requests)
+        else:  # branch: n − 1 siblings of the head's action at s
+            first = len(group.trajectories)
+            search.decision = _Decision(state, step, [head.episode_id, *range(first, first + n - 1)])
+            search.branched += n - 1
+            if view.is_active(head):
+                requests.append(Hold(index, head.episode_id))
+            requests.append(Fork(index, head.episode_id, step, n - 1))
+
+    def _rank(self, view, index, search, group, members, requests) -> None:
+        decision = search.decision
+        search.decision = None
+        explored = search.explored.setdefault(decision.state, set())
+        observed = _observation_index(group)
+        scored = []
+        for order, trajectory in enumerate(members):
+            if trajectory.failed or len(trajectory.steps) <= decision.step:
+                continue
+            scored.append((-self._reward(group, trajectory, decision.step, observed), order, trajectory))
+        kept, seen = [], set()
+        for _, _, trajectory in sorted(scored, key=lambda item: item[:2]):
+            action = action_of(trajectory, decision.step)
+            if action in explored or action in seen:
+                search.skipped += 1
+                self.events.append(("skip", index, trajectory.episode_id))
+                self._leave(view, index, trajectory, requests)
+                continue
+            seen.add(action)
+            kept.append(trajectory)
+        if not kept:
+            self._pop(view, index, search, requests)
+            return
+        best, rest = kept[0], kept[1:]
+        explored.add(action_of(best, decision.step))
+        for trajectory in reversed(rest):  # held where they are (or already ended); the next best on top
+            search.frontier.append(trajectory.episode_id)
+            self.events.append(("push", index, trajectory.episode_id))
+            if view.is_active(trajectory) and not view.is_held(trajectory):
+                requests.append(Hold(index, trajectory.episode_id))
+        self._follow(view, index, search, best, requests)
+
+    def _reward(self, group: Group, trajectory: Trajectory, step: int, observed: dict[str, Hashable]) -> float:
+        """R_3SPO of `trajectory`'s action at `step` from the rollout's table (next state: its next step's, else
+        recognised by observation, else the `terminal_score` rule)."""
+        recorded = trajectory.steps[step]
+        if step + 1 < len(trajectory.steps):
+            next_state = state_identity(trajectory.steps[step + 1])
+        else:
+            next_state = observed.get(recorded.next_observation) if recorded.next_observation is not None else None
+        success = bool(trajectory.success) and step == len(trajectory.steps) - 1
+        return transition_reward(self._local, state_identity(recorded), next_state, success, group.task_id,
+                                 valid=recorded.valid, terminal_score=self.terminal_score)
+
+    def _follow(self, view, index, search, trajectory, requests) -> None:
+        """Make `trajectory` the head: resume it, or count it at once when its episode has ended."""
+        search.head = trajectory.episode_id
+        self.events.append(("follow", index, trajectory.episode_id))
+        if view.is_active(trajectory):
+            search.head_steps = len(trajectory.steps)
+            if view.is_held(trajectory):
+                requests.append(Hold(index, trajectory.episode_id, held=False))
+            return
+        self._finish(view, index, search, trajectory, requests, counted=not trajectory.failed)
+
+    def _finish(self, view, index, search, trajectory, requests, counted: bool = True) -> None:
+        """The head's episode ended: count it, update the rollout's statistics, backtrack."""
+        search.finished += 1
+        self.events.append(("finish", index, trajectory.episode_id))
+        if counted and trajectory.steps:
+            group = view.groups[index]
+            self._local.update_records([self._local.episode_record(trajectory, group.task_id)])
+        if search.finished >= self._budget:
+            self._close(view, index, search, requests)
+        else:
+            self._pop(view, index, search, requests)
+
+    def _pop(self, view, index, search, requests) -> None:
+        if not search.frontier:
+            self._close(view, index, search, requests)
+            return
+        search.backtracks += 1
+        trajectory = view.groups[index].trajectory(search.frontier.pop())
+        self.events.append(("pop", index, trajectory.episode_id))
+        # Held right after its action at the decision point: its last step is that action.
+        search.explored.setdefault(state_identity(trajectory.steps[-1]), set()).add(action_of(trajectory, -1))
+        self._follow(view, index, search, trajectory, requests)
+
+    def _close(self, view, index, search, requests) -> None:
+        """The task's search is over: what is left on its frontier ends unfinished with the rollout."""
+        search.done = True
+        self.events.append(("close", index))
+        while search.frontier:
+            self._leave(view, index, view.groups[index].trajectory(search.frontier.pop()), requests)
+
+    def _leave(self, view, index, trajectory, requests) -> None:
+        """A sibling that is not followed (skipped, or left on the frontier): held until the rollout ends, not a
+        finished trajectory of the search."""
+        self.uncounted.add(id(trajectory))
+        if view.is_active(trajectory) and not view.is_held(trajectory):
+            requests.append(Hold(index, trajectory.episode_id))
+
+
+def _observation_index(group: Group) -> dict[str, Hashable]:
+    """Observation -> h(s) of every state an episode of the group acted from (the first one recorded)."""
+    index: dict[str, Hashable] = {}
+    for trajectory in group.trajectories:
+        for step in trajectory.steps:
+            index.setdefault(step.observation, state_identity(step))
+    return index
