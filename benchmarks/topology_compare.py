@@ -139,7 +139,10 @@ def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
                 continue
             diffs = paired(rows, env, run)
             ci = interval(diffs)
-            if ci is None:
+            skipped = [r for r in rows if r["env"] == env and r["run"] == run and r["status"] == "n/a"]
+            if skipped:
+                lines.append(f"* {env}, {run}: not run ({skipped[0].get('reason', 'n/a').split(':')[0]}).")
+            elif ci is None:
                 lines.append(f"* {env}, {run}: fewer than 2 paired seeds: nothing to claim.")
             elif ci[0] > 0:
                 lines.append(f"* {env}, {run}: above GRPO on this budget (95 % CI of the paired difference "
@@ -205,8 +208,30 @@ def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: di
         "minus after warm start, in points; vs GRPO = this run minus GRPO's on the same seed, in points, mean and "
         "95 % t-interval over seeds. Compute columns: what the runs used, mean over seeds.\n\n"
         + table(rows, runs, envs) + "\n\nRuns (on top of the env's config):\n\n" + flags
-        + "\n\nWhat the spread allows to claim:\n\n" + reading(rows, runs, envs) + "\n"
+        + "\n\nWhat the spread allows to claim:\n\n" + reading(rows, runs, envs) + "\n" + NOTES
     )
+
+
+# What the table cannot say by itself (kept with the script, so that a re-run keeps them).
+NOTES = """
+Reading:
+
+* No topology method is separated from GRPO at this budget: every paired 95 % interval includes 0. Three seeds of a
+  tiny model on 300 held-out tasks give seed-to-seed spreads of 7-16 points, so only effects of that size could show;
+  this table says what each method costs and that none of them breaks training here, not which is better.
+* The compute columns are what differs by design: at the same generated tokens the trees train more RL steps on
+  more episodes (PATR 61 / 52 steps and 1.6-2.3x GRPO's episodes, BPO 46 / 31 steps) because forks do not regenerate
+  their prefix; CANOPY trains fewer steps (its groups grow on the tasks without signal); 3SPO's adaptive search makes
+  many short siblings (about 3.7x GRPO's episodes on FrozenLake, 6.3x on Sokoban).
+* 3SPO with the adaptive allocation trains on R_3SPO only (its reference setting, `episode_advantage_w` 0 with
+  `sspo_allocation="adaptive"`), and on FrozenLake it loses 10.2 points (seeds: -9.7, -21.0, 0.0), the failure the
+  independent allocation had before its episode term (docs/methods/3spo.md, "Our choices"); on Sokoban it is within
+  noise. An episode term for the adaptive search is the next thing to try.
+* IGRPO needs a gold answer (Search-QA), and these environments have none; DPEPO's success counts any of K copies.
+  Both are trained end to end by their tests, not compared here.
+* RL seconds are wall time on a shared machine: the FrozenLake seed-0/1 runs of GRPO, BPO and CANOPY shared the cores
+  with other jobs and took several times longer than the rest; compare the token, step and episode columns.
+"""
 
 
 if __name__ == "__main__":
