@@ -53,6 +53,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ..credit.base import mean_std
 from ..trajectory import Group, first_occurrences
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,7 @@ def group_reward_std(group: Group) -> float:
     >>> round(group_reward_std(group), 4)   # mean 0.5, Σ(r - 0.5)² = 1, sqrt(1 / 3)
     0.5774
     """
-    returns = [t.episode_return for t in group.trajectories]
-    return statistics.stdev(returns) if len(returns) > 1 else 0.0
+    return mean_std([t.episode_return for t in group.trajectories])[1]
 
 
 def distinct_fraction(group: Group) -> float | None:
