@@ -16,8 +16,9 @@ per rollout so that generation batches are realistic, at equal leaf counts per t
   scorer on the `solver_value` the engine records), `info_gain` (IGRPO: 2 roots + 3 expansions of k = 2; Sokoban has
   no gold answer, so the solver's plan stands in as the teacher-forced target), `token_branching` (APPO: 4 initial
   rollouts + 4 token-prefix branches, the real `policy_logprobs` forward), `state_score` (3SPO's allocation from an
-  empty table: every state unseen, n = G_max, until 8 trajectories per task finish) and DPEPO's `parallel` wrapper
-  (2 episodes x K = 4 environment copies; a copy is a leaf).
+  empty table: every state unseen, n = G_max, until 8 trajectories per task finish), DPEPO's `parallel` wrapper
+  (2 episodes x K = 4 environment copies; a copy is a leaf) and Tool-RL's `supervised` groups (5 sampled episodes,
+  1 teacher-forced on the solver's plan, which generates no tokens, and 2 sampled under a plan hint).
 
 Why branching saves tokens: a fork starts from the snapshot taken before its branch step f and shares the
 backbone's steps 0..f−1, the same `Step` objects, generated (and stepped in the environment) once. A leaf's path
@@ -137,6 +138,9 @@ def settings(tokenizer) -> list[Run]:
             "state_score", g_max=GROUP_SIZE, max_samples=GROUP_SIZE, table=StateScoreTable()), GROUP_SIZE),
         Run(f"independent, parallel K={PARALLEL_COPIES} (DPEPO)", lambda seed: IndependentTopology(),
             GROUP_SIZE // PARALLEL_COPIES, parallel=True),
+        # Tool-RL: 5 sampled + 1 teacher-forced on the solver's plan (generates nothing) + 2 hinted episodes per task.
+        Run("supervised, 1 forced + 2 hinted (Tool-RL)", lambda seed: get_topology(
+            "supervised", replace_num=1, hint_num=2, env_name=ENV, max_turns=TURNS[0]), GROUP_SIZE),
     ]
 
 
@@ -326,6 +330,9 @@ def main() -> None:
         "copies of the env (a leaf is a copy); env steps are the copies' own steps (an untrained model that never "
         "writes the parallel format takes none: DPEPO needs its SFT warm start); one answer per turn serves all "
         "copies, with up to K times the tokens of one action."
+        "\n* Tool-RL: the teacher-forced episode takes the solver's actions without generating (its tokens are not "
+        "counted: Sokoban's solver plans are short, so it also ends early); the hinted episodes sample from a second "
+        "prompt with the hint (rendered each turn) and record the hint-free one."
         "\n* Wall time: branching makes about twice the generation calls of independent, each on a smaller batch; on "
         "this CPU a call costs about in proportion to batch x tokens, so the time per leaf falls with the tokens, less "
         "the entropy forward. Where a call costs the same at any batch (plain `generate` on a GPU), twice the calls "

@@ -39,9 +39,39 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from credit_compare import ENV_CONFIGS, ROOT, run_one, unsupported_reason  # noqa: E402
+from credit_compare import ENV_CONFIGS, ENV_OVERRIDES, ROOT, run_one, unsupported_reason  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+
+# The settings compared: credit_compare's FrozenLake and Sokoban, and FrozenLake played in K = 2 parallel copies per
+# turn (`parallel` wrapper), where DPEPO is compared with GRPO on the same wrapper from the same parallel-format warm
+# start: both are evaluated on the wrapper's success (a task counts when any copy reaches the goal).
+SETTINGS: dict[str, dict] = {
+    "frozenlake": {"env": "frozenlake", "config": ENV_CONFIGS["frozenlake"], "flags": []},
+    "sokoban": {"env": "sokoban", "config": ENV_CONFIGS["sokoban"], "flags": []},
+    "frozenlake-parallel": {
+        "env": "parallel", "config": ENV_CONFIGS["frozenlake"],
+        "flags": ["--env_name", "parallel", "--env_kwargs",
+                  json.dumps({"inner": "frozenlake", "size": 3, "hole_prob": 0.3, "num_envs": 2, "max_history": 0,
+                              "explore_actions": ["up", "down", "left", "right"]}),
+                  "--system_prompt", "Walk P to the goal G without stepping into a hole H, in 2 copies of the lake at "
+                  "once. Answer with a move in each copy you choose, e.g. "
+                  "<parallel><env_1>down</env_1><env_2>right</env_2></parallel>.",
+                  "--max_completion_length", "56", "--history_length", "0", "--max_turns", "6",
+                  "--per_device_train_batch_size", "32"],  # 4 tasks x 8 episodes per step (over the run's flags)
+        "runs": ["grpo", "dpepo"],  # the other topologies run on the plain lake above
+        # A parallel-format answer is ~25 tokens a copy where a plain move is 1-2: the budget scales with it.
+        "token_scale": 4,
+    },
+    # One-hop Search-QA questions: the setting with a gold answer, where IGRPO's information gain is defined.
+    "searchqa": {"env": "searchqa", "config": ROOT / "configs" / "grpo_searchqa_tiny.yaml", "flags": [],
+                 "runs": ["grpo", "igrpo"], "token_scale": 4},  # ~51 tokens an episode where a lake move is 1-2
+}
+for _name, _setting in SETTINGS.items():  # the runner looks settings up by name
+    ENV_CONFIGS.setdefault(_name, _setting["config"])
+ENV_OVERRIDES.setdefault("frozenlake-parallel", ["--warm_start_steps", "400", "--warm_start_min_steps", "150",
+                                                 "--warm_start_target_success", "0.45", "--warm_start_eval_every",
+                                                 "50", "--warm_start_val_tasks", "50"])
 
 # Each compared run: (registered method, its flags on top of the env's config). Leaves per task are kept at 8 (GRPO's
 # group) where the topology has a fixed leaf budget; the tasks per step then follow from the batch size (episodes
@@ -65,13 +95,19 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     # search truncates every episode after one action; docs/methods/3spo.md, sspo_min_root_rollouts).
     "3spo_adaptive": ("3spo", ["--num_generations", "8", "--per_device_train_batch_size", "64",
                                "--sspo_allocation", "adaptive", "--sspo_g_max", "8", "--state_scope", "task"]),
-    "dpepo": ("dpepo", []),
+    # The same search with an episode term beside R_3SPO (as the independent allocation has by default).
+    "3spo_adaptive_ep": ("3spo", ["--num_generations", "8", "--per_device_train_batch_size", "64",
+                                  "--sspo_allocation", "adaptive", "--sspo_g_max", "8", "--state_scope", "task",
+                                  "--episode_advantage_w", "1.0"]),
+    # 8 parallel-format episodes per task with DPEPO's diversity weights, against GRPO on the same wrapper.
+    "dpepo": ("dpepo", ["--num_generations", "8", "--per_device_train_batch_size", "64"]),  # (batch: the setting's)
 }
 
-# Runs whose numbers would not measure the same thing as the others'.
+# Runs whose numbers would not measure the same thing as the others' on a setting.
 NOT_COMPARABLE = {
-    "dpepo": "not comparable here: its episodes act in K copies of the task and succeed when any copy does, and its "
-             "answer format needs its own SFT warm start (tests/test_dpepo.py trains it; docs/methods/dpepo.md)",
+    ("frozenlake", "dpepo"): "runs on frozenlake-parallel: its episodes act in K copies of the task and succeed when "
+                             "any copy does, against GRPO on the same parallel wrapper",
+    ("sokoban", "dpepo"): "runs on frozenlake-parallel (K copies per turn), against GRPO on the same wrapper",
 }
 
 
@@ -104,6 +140,8 @@ def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for env in envs:
         for run in runs:
+            if run not in SETTINGS[env].get("runs", RUNS):
+                continue
             mine = [r for r in rows if r["env"] == env and r["run"] == run]
             ok = [r for r in mine if r["status"] == "ok"]
             if not ok:
@@ -135,7 +173,7 @@ def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
     lines = []
     for env in envs:
         for run in runs:
-            if run == "grpo":
+            if run == "grpo" or run not in SETTINGS[env].get("runs", RUNS):
                 continue
             diffs = paired(rows, env, run)
             ci = interval(diffs)
@@ -158,25 +196,29 @@ def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--envs", nargs="+", default=list(ENV_CONFIGS), choices=list(ENV_CONFIGS))
+    parser.add_argument("--envs", nargs="+", default=["frozenlake", "sokoban"], choices=list(SETTINGS),
+                        help="settings to run (frozenlake-parallel and searchqa are opt-in: hours on 2 CPU cores)")
     parser.add_argument("--methods", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--generated_tokens", type=int, default=40_000,
                         help="generation budget of every run: training stops once its rollouts generated this many")
     parser.add_argument("--max_steps", type=int, default=400, help="a cap on RL steps (the token budget binds first)")
     parser.add_argument("--num_eval_tasks", type=int, default=300)
+    parser.add_argument("--table_only", action="store_true",
+                        help="write the tables from the results file without training anything")
+    parser.add_argument("--results_name", default="topology_compare",
+                        help="results file stem in benchmarks/results/ (.json and .md)")
     parser.add_argument("--output_root", default=str(ROOT / "outputs" / "bench-topology"))
     args = parser.parse_args()
     args.batch_size = 64  # (credit_compare's runner sets it; the RUNS flags override it per method)
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    json_path = RESULTS / "topology_compare.json"
+    json_path = RESULTS / f"{args.results_name}.json"
     previous = json.loads(json_path.read_text())["rows"] if json_path.exists() else []
     settings = {"generated_tokens": args.generated_tokens, "max_steps": args.max_steps,
                 "num_eval_tasks": args.num_eval_tasks}
     # Failures are retried, and so are runs whose flags have changed since (a row keeps the flags it ran with).
-    rows = [r for r in previous if r.get("settings") == settings and r["status"] != "failed"
-            and r.get("run") in RUNS and r.get("flags") == RUNS[r["run"]][1]]
+    rows = current(previous, settings)
     done = {(r["env"], r["run"], r["seed"]) for r in rows}
     runs = ["grpo", *[m for m in args.methods if m != "grpo"]]  # GRPO is the reference of every paired difference
     for env in args.envs:
@@ -185,29 +227,64 @@ def main() -> None:
                 if (env, run, seed) in done:
                     continue
                 method, flags = RUNS[run]
-                reason = NOT_COMPARABLE.get(run) or unsupported_reason(env, method)
+                setting = SETTINGS[env]
+                if run not in setting.get("runs", RUNS):
+                    continue
+                reason = NOT_COMPARABLE.get((env, run)) or unsupported_reason(setting["env"], method)
                 if reason:
                     row = {"env": env, "method": method, "seed": seed, "status": "n/a", "reason": reason}
+                elif args.table_only:  # (n/a rows are written: they cost nothing)
+                    continue
                 else:
-                    extra = (*flags, "--max_generated_tokens", str(args.generated_tokens))
+                    budget = args.generated_tokens * setting.get("token_scale", 1)
+                    extra = (*flags, *setting["flags"], "--max_generated_tokens", str(budget))  # the setting wins
                     row = run_one(env, method, seed, args, Path(args.output_root), extra=extra, run_name=run)
                 row["run"], row["settings"], row["flags"] = run, settings, flags
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "settings"}), flush=True)
+                rows = merged(json_path, rows, settings)  # keep what another sweep wrote into the file meanwhile
                 json_path.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
-                write_table(rows, runs, args.envs, settings)
-    write_table(rows, runs, args.envs, settings)
+                write_table(rows, runs, args.envs, settings, args.results_name)
+    write_table(rows, runs, args.envs, settings, args.results_name)
     print(table(rows, runs, args.envs))
 
 
-def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: dict) -> None:
+def current(rows: list[dict], settings: dict) -> list[dict]:
+    """The rows measured with these settings and their run's present flags (failures are retried)."""
+    return [r for r in rows if r.get("settings") == settings and r["status"] != "failed"
+            and r.get("run") in RUNS and r.get("flags") == RUNS[r["run"]][1]]
+
+
+def merged(json_path: Path, rows: list[dict], settings: dict) -> list[dict]:
+    """`rows` and the current rows of `json_path` that are not in `rows` (by setting, run and seed), so that two
+    sweeps over different settings can share one results file."""
+    mine = {(r["env"], r["run"], r["seed"]) for r in rows}
+    others = current(json.loads(json_path.read_text())["rows"], settings) if json_path.exists() else []
+    return rows + [r for r in others if (r["env"], r["run"], r["seed"]) not in mine]
+
+
+def settings_text(envs: list[str], settings: dict) -> str:
+    lines = []
+    for env in envs:
+        setting = SETTINGS[env]
+        budget = settings["generated_tokens"] * setting.get("token_scale", 1)
+        flags = " ".join(f"'{f}'" if " " in f or "{" in f else f for f in setting["flags"])
+        runs = ", ".join(setting.get("runs", ["every run"]))
+        lines.append(f"* `{env}`: `{Path(setting['config']).relative_to(ROOT)}` {('`' + flags + '`') if flags else ''}"
+                     f" — {budget:,} generated tokens per run; runs: {runs}")
+    return "\n".join(lines)
+
+
+def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: dict,
+                name: str = "topology_compare") -> None:
     flags = "\n".join(f"* `{run}`: `--method {RUNS[run][0]} {' '.join(RUNS[run][1])}`" for run in runs)
-    (RESULTS / "topology_compare.md").write_text(
+    (RESULTS / f"{name}.md").write_text(
         "Held-out greedy success after the same generation budget from the same warm-started tiny model "
         f"(`python benchmarks/topology_compare.py`, settings {settings}; {os.cpu_count()} CPU cores). Gain = after RL "
         "minus after warm start, in points; vs GRPO = this run minus GRPO's on the same seed, in points, mean and "
         "95 % t-interval over seeds. Compute columns: what the runs used, mean over seeds.\n\n"
         + table(rows, runs, envs) + "\n\nRuns (on top of the env's config):\n\n" + flags
+        + "\n\nSettings (flags on top of the config, for every run of the setting):\n\n" + settings_text(envs, settings)
         + "\n\nWhat the spread allows to claim:\n\n" + reading(rows, runs, envs) + "\n" + NOTES
     )
 
@@ -217,20 +294,26 @@ NOTES = """
 Reading:
 
 * No topology method is separated from GRPO at this budget: every paired 95 % interval includes 0. Three seeds of a
-  tiny model on 300 held-out tasks give seed-to-seed spreads of 7-16 points, so only effects of that size could show;
+  tiny model on 300 held-out tasks give seed-to-seed spreads of 5-16 points, so only effects of that size could show;
   this table says what each method costs and that none of them breaks training here, not which is better.
 * The compute columns are what differs by design: at the same generated tokens the trees train more RL steps on
   more episodes (PATR 61 / 52 steps and 1.6-2.3x GRPO's episodes, BPO 46 / 31 steps) because forks do not regenerate
   their prefix; CANOPY trains fewer steps (its groups grow on the tasks without signal); 3SPO's adaptive search makes
-  many short siblings (about 3.7x GRPO's episodes on FrozenLake, 6.3x on Sokoban).
-* 3SPO with the adaptive allocation trains on R_3SPO only (its reference setting, `episode_advantage_w` 0 with
-  `sspo_allocation="adaptive"`), and on FrozenLake it loses 10.2 points (seeds: -9.7, -21.0, 0.0), the failure the
-  independent allocation had before its episode term (docs/methods/3spo.md, "Our choices"); on Sokoban it is within
-  noise. An episode term for the adaptive search is the next thing to try.
-* IGRPO needs a gold answer (Search-QA), and these environments have none; DPEPO's success counts any of K copies.
-  Both are trained end to end by their tests, not compared here.
-* RL seconds are wall time on a shared machine: the FrozenLake seed-0/1 runs of GRPO, BPO and CANOPY shared the cores
-  with other jobs and took several times longer than the rest; compare the token, step and episode columns.
+  many short siblings (about 3.6x GRPO's episodes on FrozenLake, 6.3x on Sokoban).
+* 3SPO with the adaptive allocation and R_3SPO alone (`3spo_adaptive`, `episode_advantage_w` 0, its reference
+  setting) loses 10.2 points on FrozenLake (seeds: -9.7, -21.0, 0.0). With the episode term beside it
+  (`3spo_adaptive_ep`, `--episode_advantage_w 1.0`, the default of the independent allocation) the loss shrinks to
+  -1.3 points (seeds +3.0, -3.0, -4.0; paired -6.1 [-15.9, +3.7] against GRPO) and Sokoban stays within noise
+  (+3.7): the same cure the independent allocation needed (docs/methods/3spo.md, "Our choices").
+* DPEPO and IGRPO have opt-in settings (`--envs frozenlake-parallel searchqa`) that this machine could not afford:
+  on `frozenlake-parallel` (2 copies of a 3x3 lake per turn, answers of ~50 tokens) GRPO's seed-0 run took 34 min
+  (20 RL steps, 80k generated tokens) and the tiny model's greedy success stayed 0.0 both after the parallel-format
+  warm start and after RL (its greedy answers break the format after the first turn, while sampled training
+  episodes succeed 20-27 % of the time), so a DPEPO row there would compare zeros; on `searchqa` an SFT step of the
+  warm start took 10-17 s (prompts of 250-450 tokens), hours for three seeds. Both methods are trained end to end
+  by their tests (tests/test_dpepo.py, tests/test_igrpo.py); their comparison needs a GPU or a larger model.
+* RL seconds are wall time on a shared machine (other jobs ran beside most of these runs, several times slower for
+  some); compare the token, step and episode columns.
 """
 
 

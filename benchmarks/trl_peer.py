@@ -6,7 +6,11 @@ the horizon.
    first observation, a reward function on the text. `AgentGRPOTrainer`: 16 FrozenLake episodes per step (2 tasks ×
    8) of up to 6 turns, step rows. Same model, tokenizer, `max_completion_length` per generation, learning rate,
    GRPO loss. Per step: seconds per generated token and per processed token (the prompt + completion tokens that went
-   through generation and training: `num_tokens`, TRL's own count), and their ratio (agent / TRL).
+   through generation and training: `num_tokens`, TRL's own count), and their ratio (agent / TRL); and the padded
+   tokens (rows × width) of the training forwards (TRL's `_get_per_token_logps_and_entropies` calls: the loss, and
+   the old/reference log-probs where they run), which padding makes larger than the processed ones. Ours twice, in
+   the same process: with `length_grouped_forwards` (the default: rows forwarded in groups of similar length, each
+   trimmed of its padding) and without it (TRL's one forward per micro-batch).
 2. **Breakdown of an agent step**, timed by wrapping the trainer's parts: generation (the generator's calls),
    environments (the rest of the rollout), signals, credit, rows and padding, old/reference log-probs, loss forward
    and backward (the rest of TRL's `step_time`), optimizer, records and logging.
@@ -14,7 +18,7 @@ the horizon.
    turns): step seconds per turn played, step rows vs conversation rows. Step rows cost the same per turn whatever
    the horizon; a conversation row grows with the episode, so its cost per turn grows.
 
-    python benchmarks/trl_peer.py              # ~5 min on 2 cores
+    python benchmarks/trl_peer.py              # ~6 min on 2 cores
     python benchmarks/trl_peer.py --steps 4    # quicker, noisier
 
 Writes `benchmarks/results/trl_peer.md`. Benchmarks never assert on time; every ratio is measured in one run.
@@ -37,6 +41,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PARTS = ("generation", "environments", "signals", "credit", "rows and padding", "old/ref log-probs",
          "loss forward + backward", "optimizer", "records", "logging")
+
+
+class ForwardTokens:
+    """Padded tokens (rows × width) of the training forwards (TRL's `_get_per_token_logps_and_entropies`), per
+    optimizer step (keyed by the step being computed); `close()` puts TRL's method back."""
+
+    def __init__(self, trainer):
+        from trl import GRPOTrainer
+
+        self.tokens: dict[int, int] = defaultdict(int)
+        self.original = original = GRPOTrainer._get_per_token_logps_and_entropies
+
+        def counted(this, model, input_ids, *args, **kwargs):
+            self.tokens[trainer.state.global_step + 1] += input_ids.numel()
+            return original(this, model, input_ids, *args, **kwargs)
+
+        GRPOTrainer._get_per_token_logps_and_entropies = counted
+
+    def close(self):
+        from trl import GRPOTrainer
+
+        GRPOTrainer._get_per_token_logps_and_entropies = self.original
 
 
 class Timer:
@@ -96,15 +122,20 @@ def run_trl(model_dir, tokenizer, args, output_dir) -> list[dict]:
     trainer = GRPOTrainer(model=model_dir, reward_funcs=[reward], args=config, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.remove_callback(PrinterCallback)
-    trainer.train()
+    forwards = ForwardTokens(trainer)
+    try:
+        trainer.train()
+    finally:
+        forwards.close()
     logs = step_logs(trainer)
     for h in logs:
         h["generated"] = h["completions/mean_length"] * 16
+        h["padded"] = forwards.tokens.get(h["step"], 0)
     return logs
 
 
 def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turns=6, row_format="step",
-              breakdown=False) -> list[dict]:
+              breakdown=False, grouped=True) -> list[dict]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -113,7 +144,8 @@ def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turn
     from trl_agents.envs import get_env_class
 
     config = AgentGRPOConfig(output_dir=str(output_dir), **common_settings(args), env_name=env, max_turns=max_turns,
-                             history_length=2, row_format=row_format, max_prompt_length=None)
+                             history_length=2, row_format=row_format, max_prompt_length=None,
+                             length_grouped_forwards=grouped)
     trainer = AgentGRPOTrainer(model=model_dir, args=config, processing_class=tokenizer,
                                train_dataset=Dataset.from_list(get_env_class(env).task_split("train", 64)))
     trainer.remove_callback(PrinterCallback)
@@ -141,10 +173,15 @@ def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turn
                 timer.seconds[state.global_step + 1]["optimizer"] += time.perf_counter() - self.start
 
         trainer.add_callback(OptimizerTimer())
-    trainer.train()
+    forwards = ForwardTokens(trainer)
+    try:
+        trainer.train()
+    finally:
+        forwards.close()
     logs = step_logs(trainer)
     for h in logs:
         h["generated"] = h["rollout/generated_tokens"]
+        h["padded"] = forwards.tokens.get(h["step"], 0)
         h["parts"] = dict(timer.seconds.get(h["step"], {}))
     return logs
 
@@ -157,7 +194,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="steps per run (the first two are not counted)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "trl_peer.md"))
+    parser.add_argument("--horizons", default="5,20,50",
+                        help="Sokoban horizons of the cost-per-turn table, comma-separated ('' = no table)")
     args = parser.parse_args()
+    horizon_list = [int(h) for h in args.horizons.split(",") if h.strip()]
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -176,8 +216,9 @@ def main() -> None:
         tokenizer.save_pretrained(model_dir)
         trl_logs = run_trl(model_dir, tokenizer, args, Path(tmp) / "trl")[2:]
         agent_logs = run_agent(model_dir, tokenizer, args, Path(tmp) / "agent", breakdown=True)[2:]
+        ungrouped_logs = run_agent(model_dir, tokenizer, args, Path(tmp) / "ungrouped", grouped=False)[2:]
         horizons = {}
-        for horizon in (5, 20, 50):
+        for horizon in horizon_list:
             for row_format in ("step", "conversation"):
                 logs = run_agent(model_dir, tokenizer, argparse.Namespace(steps=3), Path(tmp) / f"h{horizon}{row_format}",
                                  env="sokoban", max_turns=horizon, row_format=row_format)[1:]
@@ -185,20 +226,22 @@ def main() -> None:
                 print(f"horizon {horizon} {row_format}: {mean(logs, 'step_time'):.2f} s per step", flush=True)
 
     rows = []
-    for label, logs in (("TRL GRPOTrainer, single turn", trl_logs), ("AgentGRPOTrainer, 6-turn FrozenLake", agent_logs)):
+    for label, logs in (("TRL GRPOTrainer, single turn", trl_logs), ("AgentGRPOTrainer, 6-turn FrozenLake", agent_logs),
+                        ("AgentGRPOTrainer, `length_grouped_forwards=False`", ungrouped_logs)):
         step = mean(logs, "step_time")
-        rows.append((label, step, mean(logs, "generated"), mean(logs, "processed")))
-    (_, trl_step, trl_gen, trl_proc), (_, ag_step, ag_gen, ag_proc) = rows
+        rows.append((label, step, mean(logs, "generated"), mean(logs, "processed"), mean(logs, "padded")))
     peer = [
-        "| trainer | step s | generated tokens / step | processed tokens / step | ms per generated token | "
-        "ms per processed token |", "|---|---|---|---|---|---|",
+        "| trainer | step s | generated tokens / step | processed tokens / step | padded tokens / step in training "
+        "forwards | ms per generated token | ms per processed token |", "|---|---|---|---|---|---|---|",
     ]
-    for label, step, generated, processed in rows:
-        peer.append(f"| {label} | {step:.3f} | {generated:.0f} | {processed:.0f} | {1000 * step / generated:.2f} | "
-                    f"{1000 * step / processed:.4f} |")
-    ratio_gen = (ag_step / ag_gen) / (trl_step / trl_gen)
-    ratio_proc = (ag_step / ag_proc) / (trl_step / trl_proc)
-    peer.append(f"| **agent / TRL** | {ag_step / trl_step:.2f} | | | **{ratio_gen:.2f}×** | **{ratio_proc:.2f}×** |")
+    for label, step, generated, processed, padded in rows:
+        peer.append(f"| {label} | {step:.3f} | {generated:.0f} | {processed:.0f} | {padded:.0f} | "
+                    f"{1000 * step / generated:.2f} | {1000 * step / processed:.4f} |")
+    (_, trl_step, trl_gen, trl_proc, _) = rows[0]
+    for (label, ag_step, ag_gen, ag_proc, _), name in zip(rows[1:], ("agent / TRL", "agent without grouping / TRL")):
+        ratio_gen = (ag_step / ag_gen) / (trl_step / trl_gen)
+        ratio_proc = (ag_step / ag_proc) / (trl_step / trl_proc)
+        peer.append(f"| **{name}** | {ag_step / trl_step:.2f} | | | | **{ratio_gen:.2f}×** | **{ratio_proc:.2f}×** |")
 
     parts = defaultdict(list)
     for h in agent_logs:
@@ -222,20 +265,27 @@ def main() -> None:
         horizon_lines.append(f"| {horizon} | {row_format} | {mean(logs, 'env/episode_length'):.1f} | "
                              f"{mean(logs, 'train_rows'):.0f} | {mean(logs, 'step_time'):.3f} | "
                              f"{1000 * mean(logs, 'step_time') / turns:.2f} |")
+    command = f"python benchmarks/trl_peer.py --steps {args.steps}" + (
+        f" --horizons {args.horizons}" if args.horizons != "5,20,50" else "")
     header = (
-        f"trl-agents against TRL, `python benchmarks/trl_peer.py --steps {args.steps}` on {os.cpu_count()} CPU cores "
-        f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {time.perf_counter() - started:.0f} "
+        f"trl-agents against TRL, `{command}` on {os.cpu_count()} CPU cores "
+        f"({platform.processor() or platform.machine()}), torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{time.perf_counter() - started:.0f} "
         f"s in all. A {num_parameters / 1e3:.0f}k-parameter Qwen2-style model, the same for every run; means over "
         f"steps 3-{args.steps} of each run (the first two pay warm-ups).\n\n"
         "## Peer comparison\n\n16 single-turn completions (TRL) against 16 episodes of up to 6 turns (ours), at most "
         "3 new tokens per generation, GRPO (`dapo` loss, no KL). Processed tokens: TRL's `num_tokens` (prompt + "
-        "completion tokens of the training rows; ours are step rows, one per turn).\n\n"
+        "completion tokens of the training rows; ours are step rows, one per turn). Padded tokens: rows × width of "
+        "every training forward (here the loss only: the old log-probs are not needed, no KL), padding included. "
+        "The runs are one after the other in one process; on a shared machine, compare ratios of one run.\n\n"
     )
-    text = (header + "\n".join(peer) + "\n\n## Where an agent step's time goes\n\nThe 6-turn FrozenLake run above, "
+    text = (header + "\n".join(peer) + "\n\n## Where an agent step's time goes\n\nThe 6-turn FrozenLake run above "
+            "(with `length_grouped_forwards`), "
             "its parts timed by wrapping the trainer's methods (loss forward + backward: TRL's `step_time` minus "
             "the other timed parts).\n\n" + "\n".join(breakdown) +
-            "\n\n## Cost per turn against the horizon\n\nSokoban, 16 episodes (2 tasks × 8) of up to `horizon` "
-            "turns, history window 2 in step rows; 2 steps counted per run.\n\n" + "\n".join(horizon_lines) + "\n")
+            "\n" + ("\n## Cost per turn against the horizon\n\nSokoban, 16 episodes (2 tasks × 8) of up to `horizon` "
+            "turns, history window 2 in step rows; 2 steps counted per run.\n\n" + "\n".join(horizon_lines) + "\n"
+            if horizons else ""))
     print("\n" + text)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)

@@ -41,10 +41,12 @@ ACTIONS = ("right", "left", "right", "wait")  # "wait" is invalid (the invalid-a
 # Case name -> (method, config overrides). Every method except dr_grpo (its loss is normalised per process, see
 # tests/test_multiprocess.py) and APPO (its split points rank z-scores of per-token entropies and log-probs from a
 # batched forward, and a batch padded differently on one process than on two moves those by ~1e-7, enough to
-# reorder near-equal tokens: the trees, not the arithmetic, differ), plus GRPO with gradient accumulation and with
+# reorder near-equal tokens: the trees, not the arithmetic, differ) and IB-RL (it needs a two-role environment, and the
+# walk has one role; its per-role adapters switch between forwards, which DDP's one-pass gradient sync does not
+# follow), plus GRPO with gradient accumulation and with
 # conversation rows.
 CASES = {
-    **{name: (name, {}) for name in METHODS if name not in ("dr_grpo", "appo")},
+    **{name: (name, {}) for name in METHODS if name not in ("dr_grpo", "appo", "ib_rl")},
     "bipace": ("bipace", {"hidden_layer": -1}),  # the tiny model has one decoder layer
     # OPSD alone: the teacher is the step-0 copy under a longer prompt, so the JSD's gradient is small; scaled up so
     # that a wrongly normalised update would show.

@@ -1,9 +1,10 @@
 """Contract test: every TRL behaviour AgentGRPOTrainer relies on, pinned on TRL 1.16.
 
-AgentGRPOTrainer (trainers/agent_grpo.py, the only file that may) overrides four private methods of GRPOTrainer and
-transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_compute_loss`, `_save`), calls and
-briefly replaces one more (`_get_per_token_logps_and_entropies`, to reuse the policy log-probs of TRL's loss in an
-auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
+AgentGRPOTrainer (trainers/agent_grpo.py, the only file that may) overrides five private methods of GRPOTrainer and
+transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_compute_loss`, `_save`, and
+`_get_per_token_logps_and_entropies`, which runs TRL's own over groups of rows of similar length and relies on its
+arguments and its (log-probs, entropies, auxiliary loss) return value; it is also briefly replaced on the instance,
+to reuse the policy log-probs of TRL's loss in an auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
 `_buffered_inputs`, `_dist`, `_last_loaded_step`, plus the class attributes `_tag_names` and `_name` (model cards).
 Each is pinned here, with the reason. When a TRL upgrade changes any of this, a test
 here fails and names what to revisit (docs/concepts/trl_internals.md).
@@ -44,7 +45,16 @@ def test_the_private_methods_we_override_are_the_ones_we_know():
     ours = {name for name in vars(AgentGRPOTrainer) if name.startswith("_") and not name.startswith("__")}
     trl = {name for cls in GRPOTrainer.__mro__ for name in vars(cls) if name.startswith("_")}
     assert ours & trl == {"_generate_and_score_completions", "_prepare_inputs", "_compute_loss", "_save",
-                          "_tag_names", "_name"}
+                          "_get_per_token_logps_and_entropies", "_tag_names", "_name"}
+
+
+def test_the_forward_we_run_in_row_groups_keeps_its_arguments():
+    # AgentGRPOTrainer._get_per_token_logps_and_entropies passes the first seven through to each group's call; the
+    # rest (multimodal inputs) default to None, and TRL's forward runs as it is when any is given.
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters.values())
+    assert [p.name for p in params[:8]] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                            "batch_size", "compute_entropy", "compute_aux_loss"]
+    assert all(p.default is None for p in params[8:]), [p.name for p in params[8:]]
 
 
 @pytest.fixture

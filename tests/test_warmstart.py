@@ -8,6 +8,7 @@ from transformers import TrainerControl, TrainerState
 from trl_agents.envs import get_env_class
 from trl_agents.evaluation import evaluate_policy, summarize
 from trl_agents.rollout import PromptRenderer, RolloutEngine
+from trl_agents.rollout.env_pool import EnvPool
 from trl_agents.warmstart import SuccessStopper, solver_demonstrations, warm_start
 
 
@@ -27,6 +28,23 @@ def test_demonstrations_are_rendered_like_rl_prompts_and_solve_the_tasks(env_nam
     batch = engine.run(tasks, num_generations=1)
     assert all(t.success for t in batch.trajectories)
     assert sum(t.num_steps for t in batch.trajectories) == len(examples)
+
+
+def test_an_expert_plan_gives_demonstrations_where_there_is_no_solver(tokenizer, scripted):
+    # Search-QA has no `optimal_plan` (answering at once is shorter) but an expert: one search per hop, then the
+    # answer. A 1-hop question: 2 demonstrations (search, answer), and replaying them succeeds.
+    tasks = [{"env": "searchqa", "seed": s, "hops": 1} for s in range(3)]
+    examples = solver_demonstrations("searchqa", tasks, env_kwargs={"num_entities": 200}, history_length=1)
+    assert len(examples) == 2 * len(tasks)
+    assert [e["completion"][0]["content"].split("[")[0] for e in examples[:2]] == ["search", "answer"]
+    demos = {
+        tuple(tokenizer.apply_chat_template(e["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)):
+        e["completion"][0]["content"]
+        for e in examples
+    }
+    engine = RolloutEngine(scripted(lambda prompt, *a: demos[tuple(prompt)]), PromptRenderer(tokenizer,
+                           history_length=1), max_turns=3, env_pool=EnvPool(env_kwargs={"num_entities": 200}))
+    assert all(t.success for t in engine.run(tasks, num_generations=1).trajectories)
 
 
 def test_demonstrations_need_a_solver():

@@ -127,6 +127,12 @@ class RunArguments:
         metadata={"help": "With echo_trap_monitor: train only on this fraction of the groups, the highest in-group "
         "reward std first (RAGEN's filter, 0.25 in its code); None = no filtering."},
     )
+    control_token_monitor: bool = field(
+        default=False,
+        metadata={"help": "Attach a ControlTokenMonitor (trl_agents.callbacks.control_tokens): control/* metrics and "
+        "warnings when the action-format control tokens spike or the parsable-action rate drops (arXiv 2606.26027; "
+        "docs/methods/toolrl.md). The toolrl method attaches its own."},
+    )
 
 
 def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
@@ -193,6 +199,11 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
         from .callbacks.collapse import EchoTrapMonitor
 
         trainer.add_callback(EchoTrapMonitor(trainer, filter_top_fraction=run.echo_trap_filter_top_fraction))
+    if run.control_token_monitor:
+        from .callbacks.control_tokens import ControlTokenMonitor
+
+        if not any(isinstance(callback, ControlTokenMonitor) for callback in trainer.callback_handler.callbacks):
+            trainer.add_callback(ControlTokenMonitor(trainer))
     evaluate = _evaluator(run, config, tokenizer, eval_tasks)
     main_process = config.process_index == 0
     before_path = os.path.join(config.output_dir, EVAL_BEFORE_RL)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 from .envs import get_env_class, make_env
+from .envs.base import has_plans, plan_of
 from .rollout.prompts import PromptRenderer
 
 if TYPE_CHECKING:
@@ -42,17 +43,19 @@ def solver_demonstrations(
     """One conversational prompt-completion example per turn of an optimal episode of every task.
 
     Args:
-        env: Registered environment name; it must implement `optimal_plan()` (e.g. a BFS or A* solver).
+        env: Registered environment name; it must implement `optimal_plan()` (e.g. a BFS or A* solver) or, for
+            environments whose plans are good but not shortest (Search-QA, WebShop), `expert_plan()`.
         tasks: Task rows (dicts with the fields `reset` needs).
         env_kwargs: Environment constructor arguments.
         history_length: History window of the prompts (use the RL setting).
         system_prompt: Overrides the environment's instructions (use the RL setting).
     """
     env_cls = get_env_class(env)
-    if "optimal_plan" not in env_cls.capabilities():
+    if not has_plans(env_cls):
         raise ValueError(
-            f"Environment {env!r} has no solver (`optimal_plan`), so there are no demonstrations to warm-start on. "
-            "Set warm_start_steps=0, or warm-start from a trajectory dataset instead (warm_start_dataset)."
+            f"Environment {env!r} has no solver (`optimal_plan`) nor expert (`expert_plan`), so there are no "
+            "demonstrations to warm-start on. Set warm_start_steps=0, or warm-start from a trajectory dataset "
+            "instead (warm_start_dataset)."
         )
     instance = make_env(env, **(env_kwargs or {}))
     rows = []
@@ -61,7 +64,7 @@ def solver_demonstrations(
         system = instance.instructions if system_prompt is None else system_prompt
         task_text = instance.task_description()
         history: list[tuple[str, str]] = []
-        for action in instance.optimal_plan() or []:
+        for action in plan_of(instance) or []:
             recent = history[-history_length:] if history_length > 0 else []
             rows.append(
                 {

@@ -45,6 +45,7 @@ from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advanta
 from .eppo import EntropyPacer, pace_scales, task_bounds
 from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
 from .grpo import grpo_advantages
+from .ib_rl import group_advantages, ib_rl_advantages, ib_rl_advantages_with_stats, role_masks
 from .igrpo import (
     igrpo_advantages,
     igrpo_advantages_with_stats,
@@ -57,6 +58,7 @@ from .progpo import progpo_advantages, progpo_parts
 from .rloo import rloo_advantages
 from .scpo import get_scorer, register_scorer, scpo_advantages, scpo_advantages_with_stats
 from .sspo import StateScoreTable, allocated_rollouts, sspo_advantages, sspo_advantages_with_stats, transition_reward
+from .toolrl import group_composition, off_policy_token_loss, plan_hint, shaped_off_policy_ratio, zero_reward_tasks
 from .vict import trace_proof_edges, vict_advantages, vict_advantages_with_stats
 
 __all__ = [
@@ -105,24 +107,32 @@ __all__ = [
     "gigpo_advantages",
     "gigpo_advantages_with_stats",
     "greedy_cosine_clusters",
+    "group_advantages",
+    "group_composition",
     "group_size_for_coverage",
     "grpo_advantages",
+    "ib_rl_advantages",
+    "ib_rl_advantages_with_stats",
     "igrpo_advantages",
     "igrpo_advantages_with_stats",
     "leaf_weights",
     "normalize_text",
+    "off_policy_token_loss",
     "pace_scales",
     "pace_step_advantages",
     "patr_advantages",
     "patr_advantages_with_stats",
+    "plan_hint",
     "progpo_advantages",
     "progpo_parts",
     "register_estimator",
     "register_scorer",
     "rloo_advantages",
+    "role_masks",
     "scpo_advantages",
     "scpo_advantages_with_stats",
     "selection_probabilities",
+    "shaped_off_policy_ratio",
     "sibling_sets",
     "signal_probability",
     "solver_progress",
@@ -137,4 +147,5 @@ __all__ = [
     "vict_advantages",
     "vict_advantages_with_stats",
     "weight_terms",
+    "zero_reward_tasks",
 ]

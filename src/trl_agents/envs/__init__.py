@@ -10,6 +10,7 @@ from . import (  # noqa: F401  isort: skip
     alfworld, dealnodeal, frozenlake, minesweeper, rushhour, scienceworld, searchqa, sokoban, textcraft, textworld,
     webshop,
 )
+from . import telesales  # noqa: F401  isort: skip  (two-role vehicle telesales dialogue, IB-RL's setting)
 from . import prediction  # noqa: F401  isort: skip  (the `predict` wrapper: any env + next-observation predictions)
 from . import parallel  # noqa: F401  isort: skip  (the `parallel` wrapper: K copies of any env, one answer)
 from . import adapters  # noqa: F401  isort: skip

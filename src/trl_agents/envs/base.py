@@ -209,3 +209,15 @@ class AgentEnv(abc.ABC):
             {"env": cls.name, "seed": seed, "task_id": f"{prefix}-{split}-{seed}", **fields}
             for seed in range(start, start + count)
         ]
+
+
+def has_plans(env_cls: type[AgentEnv]) -> bool:
+    """Whether an environment class gives plans to demonstrate or teacher-force: a solver's (`optimal_plan`
+    capability) or an expert's (`expert_plan()`, for plans that are good but not shortest: Search-QA, WebShop)."""
+    return "optimal_plan" in env_cls.capabilities() or callable(getattr(env_cls, "expert_plan", None))
+
+
+def plan_of(env: AgentEnv) -> list[str] | None:
+    """The actions that finish the task from the environment's current state (None when there are none):
+    `optimal_plan()` where the environment has a solver, else `expert_plan()`."""
+    return env.optimal_plan() if env.supports("optimal_plan") else env.expert_plan()

@@ -4,7 +4,9 @@ A `Topology` (`rollout/topologies/`) decides which episodes run: by default G in
 adaptive group that grows in rounds; forks from environment snapshots of recorded steps. The engine carries its
 requests out and plays every active episode turn by turn: it renders each prompt, makes ONE `generator.generate`
 call for all of them (every task, every branch), decodes the actions, steps the environments and records a `Step`.
-Finished episodes stop generating.
+Finished episodes stop generating. A `Launch` may ask for supervised episodes: `forced_actions` are taken instead of
+sampled (recorded with NaN sampling log-probs), a `hint` is added to the system message of the prompt sampled from
+but not of the prompt recorded; their steps are marked `step.info["supervision"]`.
 
 Episodes launched for a task are reset with the same task row, so they start from identical states (checked: a
 non-deterministic `reset` is an error, since group-relative credit would be meaningless). An environment that
@@ -45,7 +47,7 @@ from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
 from .prompts import PromptRenderer
 from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
-from .topologies.base import Hold, Stop
+from .topologies.base import SUPERVISION, Hold, Stop
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,12 @@ class _Episode:
     action_prefix: list[int] = field(default_factory=list)  # token-level fork: the next action starts with these
     prefix_logprobs: list[float] = field(default_factory=list)
     held: bool = False  # paused by the topology (`Hold`): skips turns until resumed
+    forced_actions: tuple[str, ...] | None = None  # `Launch(forced_actions=...)`: given actions, no sampling
+    hint: str | None = None  # `Launch(hint=...)`: appended to the system message of the sampling prompt only
+
+    @property
+    def supervision(self) -> str | None:
+        return "forced" if self.forced_actions is not None else "hinted" if self.hint is not None else None
 
 
 @dataclass(frozen=True)
@@ -278,6 +286,11 @@ class RolloutEngine:
                 episodes.append(episode)
                 by_trajectory[id(trajectory)] = episode
                 if isinstance(request, Launch):
+                    if request.hint is not None and self.row_format != "step":
+                        raise ValueError("Launch(hint=...) needs row_format='step': a conversation row trains on the "
+                                         "prompt it sampled from, so a sampling-only hint cannot be left out of it")
+                    episode.forced_actions = None if request.forced_actions is None else tuple(request.forced_actions)
+                    episode.hint = request.hint
                     launched.append(episode)
                 else:  # (marked as a fork at once: a Launch of the same task in this batch checks root starts)
                     parent = by_trajectory[id(group.trajectory(request.episode_id))]
@@ -378,46 +391,71 @@ class RolloutEngine:
         return ids, PromptParts(episode.system, trajectory.task_text, tuple(kept), episode.observation)
 
     def _turn(self, active: list[_Episode], plan: _SignalPlan, stats: dict[str, float]) -> None:
-        prompts, parts, ready, ended = [], [], [], []
+        prompts, parts, ready, ended, recorded = [], [], [], [], []
+        forced, forced_prompts, forced_parts = [], [], []
         limit = self.renderer.max_prompt_length
         for episode in active:
             try:
                 prompt_ids, prompt_parts = self._prompt(episode)
+                sampling_ids = self._hinted_prompt(episode) if episode.hint is not None else prompt_ids
             except ValueError as err:  # a step prompt longer than max_prompt_length even without history
                 self._fail(episode, str(err))
                 continue
             if limit is not None and len(prompt_ids) > limit:  # a conversation outgrew its context: truncate it
                 ended.append(episode)
                 continue
-            prompts.append(prompt_ids + episode.action_prefix)
+            if episode.forced_actions is not None:
+                if len(episode.trajectory.steps) >= len(episode.forced_actions):  # out of forced actions
+                    ended.append(episode)
+                else:
+                    forced.append(episode)
+                    forced_prompts.append(prompt_ids)
+                    forced_parts.append(prompt_parts)
+                continue
+            prompts.append(sampling_ids + episode.action_prefix)
+            recorded.append(prompt_ids)
             parts.append(prompt_parts)
             ready.append(episode)
         if ended:
             self._end_between_turns(ended, plan)
-        if not ready and not self._collective:
+        if not ready and not forced and not self._collective:
             return
-        if plan.role:
-            output = self.generator.generate(prompts, self.sampling, roles=[episode.role for episode in ready])
+        if ready or self._collective:
+            if plan.role:
+                output = self.generator.generate(prompts, self.sampling, roles=[episode.role for episode in ready])
+            else:
+                output = self.generator.generate(prompts, self.sampling)
+            stats["generation_calls"] += 1
+            stats["generated_tokens"] += sum(len(ids) for ids in output.completion_ids)
+            completions = [episode.action_prefix + list(ids) for episode, ids in zip(ready, output.completion_ids,
+                                                                                      strict=True)]
+            logprobs = [episode.prefix_logprobs + list(lps)
+                        for episode, lps in zip(ready, output.logprobs, strict=True)]
         else:
-            output = self.generator.generate(prompts, self.sampling)
-        stats["generation_calls"] += 1
-        stats["generated_tokens"] += sum(len(ids) for ids in output.completion_ids)
-        stats["env_steps"] += len(ready)
-        completions = [episode.action_prefix + list(ids) for episode, ids in zip(ready, output.completion_ids,
-                                                                                  strict=True)]
-        logprobs = [episode.prefix_logprobs + list(lps) for episode, lps in zip(ready, output.logprobs, strict=True)]
+            completions, logprobs = [], []
+        stats["env_steps"] += len(ready) + len(forced)
         # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if ready else []
+        for episode, prompt_ids, prompt_parts in zip(forced, forced_prompts, forced_parts, strict=True):
+            # A forced turn: the given action, tokenised and closed with EOS as a generated turn ends; no sampling
+            # log-probs (NaN: nothing sampled these tokens).
+            text = episode.forced_actions[len(episode.trajectory.steps)]
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            ready.append(episode)
+            recorded.append(prompt_ids)
+            parts.append(prompt_parts)
+            completions.append(ids)
+            logprobs.append([float("nan")] * len(ids))
+            texts.append(text)
         calls = [
             # An episode's last turn (done, or out of turns) also runs the episode-end signals where the env lives.
             (episode.env, _step_calls, (text, plan, len(episode.trajectory.steps) + 1 >= self.max_turns))
             for episode, text in zip(ready, texts, strict=True)
         ]
         outcomes = self.env_pool.run(calls, "step")
-        for episode, prompt, prompt_parts, action_ids, action_logprobs, text, outcome in zip(
-            ready, prompts, parts, completions, logprobs, texts, outcomes, strict=True
+        for episode, prompt_ids, prompt_parts, action_ids, action_logprobs, text, outcome in zip(
+            ready, recorded, parts, completions, logprobs, texts, outcomes, strict=True
         ):
-            prompt_ids = prompt[: len(prompt) - len(episode.action_prefix)]
             episode.action_prefix, episode.prefix_logprobs = [], []
             step = Step(
                 observation=episode.observation,
@@ -428,6 +466,15 @@ class RolloutEngine:
                 prompt_parts=prompt_parts,
             )
             self._apply_action(episode, step, outcome, plan)
+            if episode.supervision is not None:
+                step.info[SUPERVISION] = episode.supervision
+
+    def _hinted_prompt(self, episode: _Episode) -> list[int]:
+        """The step prompt an episode launched with a hint samples from: the hint after its system message."""
+        trajectory = episode.trajectory
+        system = f"{episode.system}\n\n{episode.hint}" if episode.system else episode.hint
+        ids, _ = self.renderer.step_prompt(system, trajectory.task_text, episode.history, episode.observation)
+        return ids
 
     def _apply_action(self, episode: _Episode, step: Step, outcome, plan: _SignalPlan) -> None:
         """Record the step whose environment calls (`_step_calls`) returned `outcome`."""

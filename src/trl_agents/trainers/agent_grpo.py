@@ -11,6 +11,8 @@ The only changes w.r.t. `GRPOTrainer`:
 * `_compute_loss` weighs TRL's loss by `policy_loss_weight` and adds `compute_auxiliary_loss(model, inputs,
   per_token_logps)` (the policy's log-probs that TRL's loss computed, reused), scaled for gradient accumulation as
   TRL scales its own loss;
+* `_get_per_token_logps_and_entropies` runs TRL's own over groups of rows of similar length, each trimmed of its
+  padding (`length_grouped_forwards`; the same values up to float noise, over fewer padded tokens);
 * `_save` also writes `agent_config.json` and `save_extra_state(output_dir)`; `train(resume_from_checkpoint=...)`
   first calls `load_extra_state(checkpoint)`.
 
@@ -67,7 +69,15 @@ from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, S
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
-from ..rollout.rows import TrainingRows, build_rows, prompt_signal_keys, split_rows, step_values, token_signal_key
+from ..rollout.rows import (
+    TrainingRows,
+    build_rows,
+    length_groups,
+    prompt_signal_keys,
+    split_rows,
+    step_values,
+    token_signal_key,
+)
 from ..rollout.topologies import TOPOLOGIES, IndependentTopology, Topology, get_topology
 from ..rollout.vllm import VLLMGenerator
 from ..signals import (
@@ -148,6 +158,8 @@ class AgentGRPOConfig(GRPOConfig):
         privileged_template (`str`, *optional*): How the privileged text enters the teacher's prompt.
         max_tokens_per_forward (`int` or `None`, *optional*): Padded tokens per forward over training rows (loss,
             old/reference log-probs, model signals).
+        length_grouped_forwards (`bool`, *optional*, defaults to `True`): Forward training rows in groups of similar
+            length, each trimmed of its padding (the same values up to float noise); False = TRL's one forward.
     """
 
     env_name: str | None = field(
@@ -299,6 +311,13 @@ class AgentGRPOConfig(GRPOConfig):
         "entropies, hidden states), which also run at most per_device_train_batch_size rows at a time. A row "
         "longer than the budget runs alone. None = rows only. Bounds memory on long episodes (step rows: "
         "16 tasks × 8 episodes × 50 turns is 6,400 rows per generation batch)."},
+    )
+    length_grouped_forwards: bool = field(
+        default=True,
+        metadata={"help": "Forward training rows (loss, old and reference log-probs) in groups of similar length, "
+        "each trimmed of the padding none of its rows needs (`rollout.rows.length_groups`): the same log-probs, "
+        "losses and gradients up to float noise, over fewer padded tokens (step rows of different turns differ in "
+        "length). False = one forward per micro-batch, as TRL. Our choice; docs/concepts/training_loop.md."},
     )
 
     def __post_init__(self):
@@ -1181,6 +1200,76 @@ class AgentGRPOTrainer(GRPOTrainer):
                     output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                         ref_model, prompt_completion_ids, attention_mask, logits_to_keep, batch_size=batch_size
                     )
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs,
+    ):
+        """TRL's per-token log-probs (and entropies) of the last `logits_to_keep` tokens of each row, with the rows
+        forwarded in groups of similar length (`length_groups`, `length_grouped_forwards`): each group is cut to the
+        columns its rows use (the left padding of its prompts and the right padding of its completions go) and
+        forwarded by TRL's own method, then every row's values are put back in place (0 on the trimmed completion
+        columns, as TRL gives on padding). Step rows of different turns differ in length, and one forward pads
+        them all to the longest; the values are the same up to float noise (the rows are independent, and their
+        tokens only shift by the trimmed columns: rotary positions are relative; TRL's own micro-batch trimming
+        shifts them the same way). TRL's forward as it is for multimodal inputs, MoE auxiliary losses, FSDP and
+        DeepSpeed (which need the same number of forwards on every process); under DDP the processes cut as
+        many forwards while gradients are recorded (every forward synchronises buffers)."""
+        parent = super()._get_per_token_logps_and_entropies
+        as_trl = (
+            not self.args.length_grouped_forwards
+            or compute_aux_loss
+            or any(value is not None for value in kwargs.values())
+            or self.is_fsdp_enabled
+            or self.is_deepspeed_enabled
+        )
+        pieces = None if as_trl else self._row_forwards(attention_mask, logits_to_keep, batch_size)
+        if pieces is None:
+            return parent(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                          compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
+        logps, entropies = [], []
+        for rows, start, end in pieces:
+            index = torch.tensor(rows, device=input_ids.device)
+            kept = end - (input_ids.size(1) - logits_to_keep)  # completion columns this forward keeps
+            piece_logps, piece_entropies, _ = parent(
+                model, input_ids[index, start:end], attention_mask[index, start:end], kept,
+                compute_entropy=compute_entropy,
+            )
+            logps.append(torch.nn.functional.pad(piece_logps, (0, logits_to_keep - kept)))
+            if compute_entropy:
+                entropies.append(torch.nn.functional.pad(piece_entropies, (0, logits_to_keep - kept)))
+        order = torch.tensor([row for rows, _, _ in pieces for row in rows], device=input_ids.device)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(len(order), device=order.device)  # row r is at position back[r] of the pieces
+        return torch.cat(logps)[back], torch.cat(entropies)[back] if compute_entropy else None, None
+
+    def _row_forwards(self, attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None):
+        """The forwards of `_get_per_token_logps_and_entropies`: (rows, first column, end column) each, at most
+        `batch_size` rows; None when one forward over every column is what the grouping gives."""
+        num_rows, width = attention_mask.shape
+        if num_rows < 2:
+            return None
+        prompt_width = width - logits_to_keep
+        columns = torch.arange(width, device=attention_mask.device)
+        present = attention_mask.bool()
+        first = torch.where(present, columns, width).min(dim=1).values.clamp(max=prompt_width - 1).tolist()
+        last = torch.where(present, columns, -1).max(dim=1).values.clamp(min=prompt_width).tolist()
+        groups = length_groups([end + 1 - start for start, end in zip(first, last, strict=True)])
+        step = batch_size or num_rows
+        pieces = [group[i : i + step] for group in groups for i in range(0, len(group), step)]
+        if self.accelerator.num_processes > 1 and torch.is_grad_enabled():
+            # DDP synchronises buffers in every forward that records gradients: every process runs as many. The
+            # processes hold as many rows (`_pad_rows`), so halving the largest pieces always gets there.
+            target = int(self.accelerator.gather(torch.tensor([len(pieces)], device=attention_mask.device)).max())
+            while len(pieces) < target:
+                largest = max(range(len(pieces)), key=lambda i: len(pieces[i]))
+                if len(pieces[largest]) < 2:
+                    break
+                rows = pieces.pop(largest)
+                pieces[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+        elif len(pieces) == 1 and min(first) == 0 and max(last) == width - 1:
+            return None
+        return [(rows, max(min(first[r] for r in rows), 0), max(last[r] for r in rows) + 1) for rows in pieces]
 
     def _add_importance_sampling_ratio(self, output: dict[str, Any], mode: str) -> None:
         """TRL's vLLM importance-sampling correction (grpo_trainer.py in TRL 1.16): the ratio between the trainer's

@@ -15,7 +15,9 @@ afresh (state that should carry over, such as a random generator, may).
 
 Requests:
 
-* `Launch(task_index, count)`: `count` new episodes of a task from its initial state (`reset`).
+* `Launch(task_index, count)`: `count` new episodes of a task from its initial state (`reset`); with
+  `forced_actions=` they take the given actions instead of sampling (teacher forcing), with `hint=` they sample
+  from a prompt whose system message carries the hint while the hint-free prompt is recorded.
 * `Fork(task_index, episode_id, step, count, action_prefix=())`: `count` new episodes from the state right before
   step `step` of an episode (its snapshot is restored in a fresh environment); the new episode shares the parent's
   first `step` steps (the same `Step` objects: generated and recorded once) and samples its own action at `step`.
@@ -53,7 +55,7 @@ Example (a topology that gives every task one more episode once the first ones a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ...trajectory import Group, Trajectory
@@ -61,10 +63,25 @@ from ...trajectory import Group, Trajectory
 
 @dataclass(frozen=True)
 class Launch:
-    """Start `count` new episodes of task `task_index` (an index into the rollout's tasks) from its initial state."""
+    """Start `count` new episodes of task `task_index` (an index into the rollout's tasks) from its initial state.
+
+    Two optional kinds of supervised episode (both marked `step.info["supervision"]`, see `SUPERVISION`):
+
+    * `forced_actions`: teacher forcing. The episode does not sample: at turn t it takes `forced_actions[t]` (e.g.
+      the ground-truth action), tokenised and closed with EOS as the generator would end it, and steps the
+      environment with it; its sampling log-probs are NaN (nothing sampled them: no importance-sampling
+      correction). An episode that runs out of forced actions before it is done ends there.
+    * `hint`: sampling-only guidance. The prompt the policy samples from has `hint` appended to its system message;
+      the recorded prompt (what is trained on) is the hint-free one. Step rows only.
+    """
 
     task_index: int
     count: int
+    forced_actions: tuple[str, ...] | None = field(default=None, repr=False)
+    hint: str | None = field(default=None, repr=False)
+
+
+SUPERVISION = "supervision"  # step.info key of supervised episodes' steps: "forced" (forced_actions) or "hinted"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""Tool-RL collapse fixes: the math of the supervisory signals of "Why Multi-Step Tool-Use RL Collapses and How
+Supervisory Signals Fix It" (Hao et al. 2026, arXiv 2606.26027; docs/methods/toolrl.md).
+
+The paper is an analysis: multi-turn tool-use GRPO collapses when the probabilities of a few control tokens (the
+tool-call delimiters, end of turn) spike, and supervision with ground-truth (GT) actions stabilises it. The pieces
+here are pure functions; the trainer (`trainers/toolrl.py`), the `supervised` topology and the control-token monitor
+(`callbacks/control_tokens.py`) use them.
+
+* Group composition (OPS, HBG): of the G rollouts of a task, k_gt are teacher-forced on the GT action of every turn,
+  k_hint sample with a hint in the system prompt, and G − k_gt − k_hint are ordinary (`group_composition`).
+* LUFFY-style shaping of the off-policy (teacher-forced) tokens: f = π_θ / (π_θ + γ), γ = 0.1, optionally clipped
+  to [1 − ε_low, 1 + ε_high] as the released actor does, loss −A·f (`shaped_off_policy_ratio`,
+  `off_policy_token_loss`); on-policy tokens keep the clipped PPO/GRPO loss.
+* The hint text of HBG (`plan_hint`), built from the GT plan with our own template.
+* The task selection of ETS: the tasks that had at least one zero-reward rollout (`zero_reward_tasks`).
+
+Numerical guards: π_θ = exp(log π_θ) with log π_θ clamped to ≤ 0 (f in [0, 1/(1+γ)], never NaN or inf); γ must be
+> 0 (f = 1 for every token at γ = 0 would carry no gradient); masked positions may hold NaN log-probs and give 0
+loss; an empty group composition or an empty plan raises a one-line ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from ..trajectory import Group, task_id
+
+DEFAULT_HINT_TEMPLATE = (
+    "A note that may help (you need not follow it): a good sequence of tool calls for this task is {plan}."
+)
+"""Our choice of HBG hint wording (the paper's hints are LLM-written summaries of the GT tool-call pattern)."""
+
+
+def group_composition(num_generations: int, replace_num: int = 0, hint_num: int = 0) -> tuple[int, int, int]:
+    """(ordinary, teacher-forced, hinted) rollouts of a group of `num_generations`.
+
+    The paper's OPS forces 1 of 8 rollouts, HBG hints 2 of 8; at least one rollout stays ordinary (on-policy).
+
+    >>> group_composition(8, replace_num=1)           # OPS: 7 sampled + 1 on the GT actions
+    (7, 1, 0)
+    >>> group_composition(8, replace_num=1, hint_num=2)  # both: 8 − 1 − 2 = 5 ordinary
+    (5, 1, 2)
+    >>> group_composition(8, replace_num=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of num_generations=8, got 8 + 0
+    """
+    for name, value in (("toolrl_replace_num", replace_num), ("toolrl_hint_num", hint_num)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if replace_num + hint_num > num_generations - 1:
+        raise ValueError(
+            f"toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of "
+            f"num_generations={num_generations}, got {replace_num} + {hint_num}"
+        )
+    return num_generations - replace_num - hint_num, replace_num, hint_num
+
+
+def shaped_off_policy_ratio(
+    logps: torch.Tensor, gamma: float = 0.1, clip: tuple[float, float] | None = None
+) -> torch.Tensor:
+    """LUFFY's policy shaping of off-policy tokens, f = π_θ / (π_θ + γ), optionally clamped to `clip`.
+
+    The gradient of f w.r.t. log π is γ·π / (π + γ)²: largest at π = γ, so low-probability GT tokens (which a plain
+    importance ratio would never reach) still get pushed up, and certain ones (π → 1) stop mattering.
+
+    >>> logps = torch.log(torch.tensor([0.1, 0.4, 0.9]))
+    >>> shaped_off_policy_ratio(logps)                       # 0.1/0.2, 0.4/0.5, 0.9/1.0
+    tensor([0.5000, 0.8000, 0.9000])
+    >>> shaped_off_policy_ratio(logps, clip=(0.8, 1.2))      # the released actor's clamp to [1 − ε, 1 + ε]
+    tensor([0.8000, 0.8000, 0.9000])
+    """
+    if not gamma > 0:
+        raise ValueError(f"toolrl_luffy_gamma must be > 0 (LUFFY: 0.1), got {gamma}")
+    prob = torch.exp(torch.nan_to_num(logps, nan=0.0).clamp(max=0.0))  # π in (0, 1]; NaN (masked) -> 1
+    ratio = prob / (prob + gamma)
+    if clip is not None:
+        ratio = ratio.clamp(min=clip[0], max=clip[1])
+    return ratio
+
+
+def off_policy_token_loss(
+    logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 0.1,
+    clip: tuple[float, float] | None = None,
+) -> torch.Tensor:
+    """Per-token loss −A·f(π_θ) on the off-policy tokens (`mask` 1), 0 elsewhere (same shape as `logps`).
+
+    `advantages` is (B,) (one per row) or (B, T). Aggregate it like the policy loss (a token mean in the released
+    actor: masked_mean over on- and off-policy tokens together).
+
+    >>> logps = torch.log(torch.tensor([[0.1, 0.4, 0.9]]))
+    >>> off_policy_token_loss(logps, torch.tensor([2.0]), torch.tensor([[1, 1, 0]]))   # −2·0.5, −2·0.8, masked
+    tensor([[-1.0000, -1.6000,  0.0000]])
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logps)
+    loss = -advantages * shaped_off_policy_ratio(logps, gamma, clip)
+    return torch.where(mask.bool(), loss, torch.zeros_like(loss))
+
+
+def plan_hint(plan: Sequence[str], template: str = DEFAULT_HINT_TEMPLATE) -> str:
+    """The HBG hint of a task from its GT plan (our template; `{plan}` is replaced by the actions joined by " then ").
+
+    >>> plan_hint(["search[Meshar Vohais born]", "answer[Kibelburg]"])
+    'A note that may help (you need not follow it): a good sequence of tool calls for this task is search[Meshar Vohais born] then answer[Kibelburg].'
+    """
+    actions = [str(a) for a in plan if str(a).strip()]
+    if not actions:
+        raise ValueError("a hint needs a non-empty ground-truth plan (the environment returned no actions)")
+    if "{plan}" not in template:
+        raise ValueError(f"toolrl_hint_template must contain '{{plan}}', got {template!r}")
+    return template.replace("{plan}", " then ".join(actions))
+
+
+def zero_reward_tasks(groups: Iterable[Group], threshold: float = 0.0) -> dict[str, dict]:
+    """ETS's selection: {task id: task row} of the groups with at least one rollout whose return is <= `threshold`
+    (the paper: a rollout scored 0). Supervised rollouts (teacher-forced or hinted, `step.info["supervision"]`) and
+    failed episodes are not looked at; a group with no ordinary rollout selects nothing.
+
+    >>> from trl_agents.trajectory import Step, Trajectory
+    >>> ok = Group({"seed": 1}, [Trajectory({"seed": 1}, [Step("o", "a", reward=1.0)])] * 2)
+    >>> bad = Group({"seed": 2}, [Trajectory({"seed": 2}, [Step("o", "a", reward=r)]) for r in (1.0, 0.0)])
+    >>> sorted(zero_reward_tasks([ok, bad]).values(), key=str)
+    [{'seed': 2}]
+    """
+    selected = {}
+    for group in groups:
+        returns = [t.episode_return for t in group.trajectories if not t.failed and not is_supervised(t)]
+        if any(r <= threshold for r in returns):
+            selected[task_id(group.task)] = dict(group.task)
+    return selected
+
+
+def is_supervised(trajectory) -> bool:
+    """Whether an episode was teacher-forced or hinted (its steps carry `info["supervision"]`)."""
+    return any(step.info.get("supervision") for step in trajectory.owned_steps)
