@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 from .base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv
+from .dialogue import AlternatingRoles, Message
 from .parsing import extract_answer
 from .registry import register_env
 from .validation import check_int
@@ -257,19 +258,11 @@ def scripted_reply(
 
 
 @dataclass(frozen=True)
-class _Message:
-    role_index: int
-    move: Move
+class _Message(Message):
+    roles: ClassVar[tuple[str, ...]] = ROLES
 
-    def text(self, max_chars: int) -> str:
-        """The message as both roles see it: the talk (cut at `max_chars`) and the canonical move tag."""
-        talk = self.move.talk
-        if len(talk) > max_chars:
-            talk = talk[:max_chars].rstrip() + "..."
-        return " ".join(part for part in (talk, format_move(self.move)) if part)
-
-    def line(self, max_chars: int) -> str:
-        return f"{ROLES[self.role_index].capitalize()}: {self.text(max_chars)}"
+    def tag(self) -> str:
+        return format_move(self.move)
 
 
 @dataclass(frozen=True)
@@ -287,7 +280,7 @@ class _Game:
 
 
 @register_env
-class DealOrNoDeal(AgentEnv):
+class DealOrNoDeal(AlternatingRoles, AgentEnv):
     """Deal-or-No-Deal negotiation between `alice` and `bob`, in free text with structured moves.
 
     A task row is `{"instance": k}` (OpenSpiel's built-in instance k, 0-999; needs `open-spiel`), `{"seed": s}` (our
@@ -386,8 +379,7 @@ class DealOrNoDeal(AgentEnv):
         if isinstance(move, Move) and move.kind == "accept":
             move = self._check_accept(acting) or move
         if not isinstance(move, Move):  # nothing changes: the same role writes again
-            invalid = {INFO_VALID: False, INFO_SUCCESS: False, "role": ROLES[acting], "move": None, "error": move}
-            return f"Invalid message: {move}\n\n{self.render()}", 0.0, False, invalid
+            return self._invalid_message(acting, move)
         game = self._apply(self._game, acting, move)
         info: dict[str, Any] = {
             INFO_VALID: True,
@@ -437,16 +429,6 @@ class DealOrNoDeal(AgentEnv):
 
     # ---- roles and rewards -----------------------------------------------------------------------------------------
 
-    def _agent_index(self) -> int:
-        return ROLES.index(self.agent_role)
-
-    def _acting_index(self) -> int:
-        return self._game.turn % len(ROLES)
-
-    def current_role(self) -> str:
-        """The role whose message the next `step()` takes (always `agent_role` against the scripted partner)."""
-        return self.agent_role if self.opponent == "scripted" else ROLES[self._acting_index()]
-
     def utilities(self) -> dict[str, int]:
         """Each role's points: the value of the items it gets in the deal, 0 for everyone without a deal."""
         instance = self._require_instance()
@@ -465,15 +447,6 @@ class DealOrNoDeal(AgentEnv):
         instance = self._require_instance()
         scale = {i: instance.max_utility(i) if self.normalize_rewards else 1 for i in points}
         return {ROLES[i]: points[i] / scale[i] for i in sorted(points)}
-
-    def _final_reward(self, role_rewards: dict[str, float], last: int) -> float:
-        """The single reward of the last step: the agent's against the scripted partner; in self-play the mean of
-        both roles' rewards or the reward of `last`, the role that took the last step (`self_play_reward`)."""
-        if self.opponent == "scripted":
-            return role_rewards[self.agent_role]
-        if self.self_play_reward == "mean":
-            return sum(role_rewards.values()) / len(role_rewards)
-        return role_rewards[ROLES[last]]
 
     def _deal_dict(self, deal: tuple[int, Split]) -> dict[str, dict[str, int]]:
         proposer, kept = deal

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from .base import INFO_ROLE_REWARDS, INFO_SUCCESS, INFO_VALID, AgentEnv
+from .dialogue import AlternatingRoles, Message
 from .parsing import extract_answer
 from .registry import register_env
 from .validation import check_int
@@ -385,18 +386,11 @@ def scripted_salesperson(instance: SalesInstance, game: _Game) -> Move:
 
 
 @dataclass(frozen=True)
-class _Line:
-    role_index: int
-    move: Move
+class _Line(Message):
+    roles: ClassVar[tuple[str, ...]] = ROLES
 
-    def text(self, max_chars: int) -> str:
-        talk = self.move.talk
-        if len(talk) > max_chars:
-            talk = talk[:max_chars].rstrip() + "..."
-        return " ".join(part for part in (talk, format_move(self.move)) if part)
-
-    def line(self, max_chars: int) -> str:
-        return f"{ROLES[self.role_index].capitalize()}: {self.text(max_chars)}"
+    def tag(self) -> str:
+        return format_move(self.move)
 
 
 @dataclass(frozen=True)
@@ -418,7 +412,7 @@ class _Game:
 
 
 @register_env
-class TeleSales(AgentEnv):
+class TeleSales(AlternatingRoles, AgentEnv):
     """A vehicle telesales call between `salesperson` and `customer` (LIKE IB-RL's Vehicle TeleSales; our data).
 
     A task row is `{"seed": s}` (our sampler) or a hand-written `{"catalogue": [{"name", "seats", "fuel",
@@ -506,8 +500,7 @@ class TeleSales(AgentEnv):
         if isinstance(move, Move):
             move = self._check_move(acting, move)
         if not isinstance(move, Move):  # nothing changes: the same role writes again
-            invalid = {INFO_VALID: False, INFO_SUCCESS: False, "role": ROLES[acting], "move": None, "error": move}
-            return f"Invalid message: {move}\n\n{self.render()}", 0.0, False, invalid
+            return self._invalid_message(acting, move)
         game = self._apply(self._game, acting, move)
         info: dict[str, Any] = {
             INFO_VALID: True,
@@ -581,26 +574,9 @@ class TeleSales(AgentEnv):
 
     # ---- roles and rewards -----------------------------------------------------------------------------------------
 
-    def _agent_index(self) -> int:
-        return ROLES.index(self.agent_role)
-
-    def _acting_index(self) -> int:
-        return self._game.turn % len(ROLES)
-
-    def current_role(self) -> str:
-        """The role whose message the next `step()` takes (always `agent_role` against the scripted partner)."""
-        return self.agent_role if self.opponent == "scripted" else ROLES[self._acting_index()]
-
     def role_rewards(self) -> dict[str, float]:
         """Each role's rubric reward for the call so far (0 for both until a good sale)."""
         return self._require_instance().rubric(self._game.sale)
-
-    def _final_reward(self, role_rewards: dict[str, float], last: int) -> float:
-        if self.opponent == "scripted":
-            return role_rewards[self.agent_role]
-        if self.self_play_reward == "mean":
-            return sum(role_rewards.values()) / len(role_rewards)
-        return role_rewards[ROLES[last]]
 
     # ---- observations ----------------------------------------------------------------------------------------------
 
