@@ -951,6 +951,25 @@ class AgentGRPOTrainer(GRPOTrainer):
         Like `log_global_means`, every process must call it, with the same `names`."""
         self.log_global_means({f"{prefix}/{name}": (sum(s[name] for s in stats), len(stats)) for name in names})
 
+    def advantages_with_stats(self, prefix: str, names: Sequence[str], groups: list[Group],
+                              estimator: Callable[..., tuple[list, dict[str, float]]], **options: Any) -> list:
+        """`estimator(group, **options)` -> (advantages, diagnostics) on every group: logs the mean of the
+        diagnostics `names` as `<prefix>/<name>` (`log_mean_metrics`) and returns the advantages, one list per
+        group (what `compute_advantages` returns)."""
+        results = [estimator(group, **options) for group in groups]
+        self.log_mean_metrics(prefix, [stats for _, stats in results], names)
+        return [advantages for advantages, _ in results]
+
+    def log_rollout_cost_per_task(self, prefix: str, groups: list[Group]) -> None:
+        """Log the last training rollout's generated tokens and env steps per task, as `<prefix>/..._per_task`
+        (topology methods: what their trees cost against G independent episodes)."""
+        batch_stats = self.last_rollout.stats if self.last_rollout is not None else {}
+        tasks = max(len(groups), 1)
+        self.log_global_means({
+            f"{prefix}/generated_tokens_per_task": (batch_stats.get("generated_tokens", 0.0), tasks),
+            f"{prefix}/env_steps_per_task": (batch_stats.get("env_steps", 0.0), tasks),
+        })
+
     def log_global_means(self, ratios: dict[str, tuple[float, float]]) -> None:
         """Log each metric of `ratios` (name -> (total, count) on this process) as Σ total / Σ count over all
         processes, skipped where Σ count is 0. One all-reduce for all of them, so every process must call it with

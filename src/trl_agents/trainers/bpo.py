@@ -130,22 +130,12 @@ class BPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, stats = [], []
-        for group in groups:
-            group_advantages, group_stats = bpo_advantages_with_stats(
-                group,
-                prefix_decay=args.bpo_prefix_decay,
-                propagate_prefix=args.bpo_propagate_prefix,
-                backbone_weight=args.bpo_backbone_weight,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            stats.append(group_stats)
-        self.log_mean_metrics("bpo", stats, STAT_NAMES)
-        batch_stats = self.last_rollout.stats if self.last_rollout is not None else {}
-        tasks = max(len(groups), 1)
-        self.log_global_means({
-            "bpo/generated_tokens_per_task": (batch_stats.get("generated_tokens", 0.0), tasks),
-            "bpo/env_steps_per_task": (batch_stats.get("env_steps", 0.0), tasks),
-        })
+        advantages = self.advantages_with_stats(
+            "bpo", STAT_NAMES, groups, bpo_advantages_with_stats,
+            prefix_decay=args.bpo_prefix_decay,
+            propagate_prefix=args.bpo_propagate_prefix,
+            backbone_weight=args.bpo_backbone_weight,
+            invalid_penalty=args.invalid_action_penalty,
+        )
+        self.log_rollout_cost_per_task("bpo", groups)
         return advantages

@@ -148,22 +148,16 @@ class DPEPOTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, stats = [], []
-        for group in groups:
-            group_advantages, group_stats = dpepo_advantages_with_stats(
-                group,
-                alpha=args.dpepo_depth_alpha,
-                gamma=args.dpepo_depth_gamma,
-                beta=args.dpepo_width_beta,
-                omega=args.dpepo_width_omega,
-                psi=args.dpepo_invalid_psi,
-                no_action_weight=args.dpepo_no_action_weight,
-                formula=args.dpepo_weight_formula,
-                diversity=args.dpepo_diversity_weight,
-                invalid_penalty=args.invalid_action_penalty,
-                eps=EPS,
-            )
-            advantages.append(group_advantages)
-            stats.append(group_stats)
-        self.log_mean_metrics("dpepo", stats, STAT_NAMES)
-        return advantages
+        return self.advantages_with_stats(
+            "dpepo", STAT_NAMES, groups, dpepo_advantages_with_stats,
+            alpha=args.dpepo_depth_alpha,
+            gamma=args.dpepo_depth_gamma,
+            beta=args.dpepo_width_beta,
+            omega=args.dpepo_width_omega,
+            psi=args.dpepo_invalid_psi,
+            no_action_weight=args.dpepo_no_action_weight,
+            formula=args.dpepo_weight_formula,
+            diversity=args.dpepo_diversity_weight,
+            invalid_penalty=args.invalid_action_penalty,
+            eps=EPS,
+        )

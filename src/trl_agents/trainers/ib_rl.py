@@ -420,15 +420,10 @@ class IBRLTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, stats = [], []
-        for group in groups:
-            values, group_stats = ib_rl_advantages_with_stats(
-                group, self.roles, scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty
-            )
-            advantages.append(values)
-            stats.append(group_stats)
-        self.log_mean_metrics("ib_rl", stats, [f"{r}/{k}" for r in self.roles for k in STAT_KEYS])
-        return advantages
+        return self.advantages_with_stats(
+            "ib_rl", [f"{r}/{k}" for r in self.roles for k in STAT_KEYS], groups, ib_rl_advantages_with_stats,
+            roles=self.roles, scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty,
+        )
 
     # ---- loss: each role's rows through its own adapter ----------------------------------------------------------
 

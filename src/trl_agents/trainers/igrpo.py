@@ -292,13 +292,7 @@ class IGRPOTrainer(AgentGRPOTrainer):
             # GRPO on the episodes, which is what IGRPO gives with uniform weights.
             return [grpo_advantages(group, scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty)
                     for group in groups]
-        advantages, stats = [], []
-        for group in groups:
-            group_advantages, group_stats = igrpo_advantages_with_stats(
-                group, temperature=args.igrpo_temperature, scale=args.scale_rewards,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            stats.append(group_stats)
-        self.log_mean_metrics("igrpo", stats, STAT_NAMES)
-        return advantages
+        return self.advantages_with_stats(
+            "igrpo", STAT_NAMES, groups, igrpo_advantages_with_stats, temperature=args.igrpo_temperature,
+            scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty,
+        )

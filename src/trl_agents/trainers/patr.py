@@ -283,19 +283,9 @@ class PATRTrainer(AgentGRPOTrainer):
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
         args = self.args
-        advantages, stats = [], []
-        for group in groups:
-            group_advantages, group_stats = patr_advantages_with_stats(
-                group, scale=args.scale_rewards, pruned_return=args.patr_pruned_return,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            stats.append(group_stats)
-        self.log_mean_metrics("patr", stats, STAT_NAMES)
-        batch_stats = self.last_rollout.stats if self.last_rollout is not None else {}
-        tasks = max(len(groups), 1)
-        self.log_global_means({
-            "patr/generated_tokens_per_task": (batch_stats.get("generated_tokens", 0.0), tasks),
-            "patr/env_steps_per_task": (batch_stats.get("env_steps", 0.0), tasks),
-        })
+        advantages = self.advantages_with_stats(
+            "patr", STAT_NAMES, groups, patr_advantages_with_stats, scale=args.scale_rewards,
+            pruned_return=args.patr_pruned_return, invalid_penalty=args.invalid_action_penalty,
+        )
+        self.log_rollout_cost_per_task("patr", groups)
         return advantages
