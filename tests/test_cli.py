@@ -134,7 +134,7 @@ def test_every_env_names_an_existing_readme(capsys):
     root = os.path.join(os.path.dirname(__file__), "..")
     builtin = ["alfworld", "dealnodeal", "frozenlake", "gymnasium", "minesweeper", "openenv", "rushhour",
                "scienceworld", "searchqa", "sokoban", "textarena", "textcraft", "textworld", "trl-environment",
-               "webshop", "webshop-lite", "telesales"]
+               "webshop", "webshop-lite", "telesales", "corridor"]
     assert set(builtin) <= set(list_envs())  # other tests register more; these ship with the library
     for name in builtin:
         main(["envs", name])

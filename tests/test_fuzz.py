@@ -119,7 +119,7 @@ TASK_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), 
                         st.text(max_size=12), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3),
                                                                                                    st.integers(),
                                                                                                    max_size=2))
-CHEAP = ["frozenlake", "sokoban", "minesweeper", "rushhour", "searchqa", "dealnodeal", "telesales"]
+CHEAP = ["frozenlake", "sokoban", "minesweeper", "rushhour", "searchqa", "dealnodeal", "telesales", "corridor"]
 
 
 @pytest.mark.parametrize("name", CHEAP)

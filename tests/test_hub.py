@@ -281,6 +281,34 @@ def test_unreachable_endpoint_and_refused_token_are_clear_errors(runs, tmp_path)
     assert tree_hash(run_dir) == before
 
 
+PUSH_RESULTS_WITH_THE_CLI = """
+    import json, sys
+    from datasets import load_dataset
+    from trl_agents.cli import main
+
+    path, repo = sys.argv[1:]
+    main(["push", path, "--repo", repo])
+    print("RESULT " + json.dumps({"rows": load_dataset(repo, split="train").to_list()}))
+"""
+
+
+def test_a_results_table_is_pushed_as_a_dataset(tmp_path):
+    # benchmarks/evidence.py's per-seed rows (`evidence_runs.parquet`): `trl-agents push TABLE.parquet --repo ...`
+    rows = [{"method": "grpo", "seed": 0, "success_after": 0.25}, {"method": "gigpo", "seed": 0, "success_after": 0.5}]
+    path = tmp_path / "evidence_runs.parquet"
+    Dataset.from_list(rows).to_parquet(str(path))
+    with LoopbackHubServer(token=TOKEN) as hub:
+        done = run_python(hub.client_env(str(tmp_path)), PUSH_RESULTS_WITH_THE_CLI, str(path), "tester/evidence")
+        result = result_of(done)
+        assert hub.unknown_requests == []
+    assert "results: " in done.stdout and "/datasets/tester/evidence" in done.stdout
+    assert result["rows"] == rows
+    with pytest.raises(ValueError, match="is not a parquet file: give a results table"):
+        from trl_agents.hub import push_results
+
+        push_results(str(tmp_path / "missing.parquet"), "me/results")
+
+
 def test_bad_repo_id_and_bad_run_dir_fail_before_any_network_call(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

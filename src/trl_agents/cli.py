@@ -318,11 +318,14 @@ def _check_model_path(name: str) -> None:
 
 def push(argv: list[str]) -> dict[str, str | None]:
     """`trl-agents push RUN_DIR --repo USER/NAME`: the run's model (or LoRA adapter), model card, eval results and
-    trajectories to the Hub (see `trl_agents.hub.push_run`)."""
-    from .hub import DEFAULT_COMMIT_MESSAGE, push_run
+    trajectories to the Hub (see `trl_agents.hub.push_run`); `trl-agents push RESULTS.parquet --repo USER/NAME`: a
+    results table as a dataset (`trl_agents.hub.push_results`)."""
+    from .hub import DEFAULT_COMMIT_MESSAGE, push_results, push_run
 
     parser = argparse.ArgumentParser(prog="trl-agents push", description=push.__doc__)
-    parser.add_argument("run_dir", help="output_dir of a training run (after trainer.save_model / trl-agents train)")
+    parser.add_argument("run_dir", help="output_dir of a training run (after trainer.save_model / trl-agents train), "
+                        "or a results table (.parquet, e.g. benchmarks/results/evidence_runs.parquet) to push as a "
+                        "dataset to --repo")
     parser.add_argument("--repo", required=True, help="model repo, USER/NAME or ORG/NAME (created if missing)")
     parser.add_argument("--dataset_repo", help="repo of the trajectory dataset (default: REPO-trajectories)")
     parser.add_argument("--private", action="store_true", help="create the repos private")
@@ -330,6 +333,10 @@ def push(argv: list[str]) -> dict[str, str | None]:
     parser.add_argument("--no_trajectories", action="store_true", help="do not push RUN_DIR/trajectories")
     parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE, help="message of the model commit")
     args = parser.parse_args(argv)
+    if args.run_dir.endswith(".parquet"):
+        urls = push_results(args.run_dir, args.repo, token=args.token, private=args.private)
+        print(f"results: {urls['dataset']}")
+        return urls
     urls = push_run(  # its errors (bad input, no or refused token, unreachable Hub) are reported by `main`
         args.run_dir,
         args.repo,

@@ -284,6 +284,35 @@ def check_repo_id(repo_id: str, argument: str) -> None:
 # ---- push steps ----------------------------------------------------------------------------------------------------
 
 
+def push_results(
+    path: str,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "Upload trl-agents results",
+) -> dict[str, str | None]:
+    """Push a results table (a parquet file, e.g. `benchmarks/results/evidence_runs.parquet`, one row per run) to the
+    dataset repo `repo_id` as its `train` split (`datasets.Dataset.push_to_hub`).
+
+    Returns `{"model": None, "dataset": URL, "commit": None}`. Raises ValueError for a path that is not a parquet
+    file or a bad repo id (before any network call), and the errors of `push_run` for the token and the endpoint.
+    """
+    from datasets import Dataset
+
+    if not (os.path.isfile(path) and path.endswith(".parquet")):
+        raise ValueError(f"{path!r} is not a parquet file: give a results table such as "
+                         "benchmarks/results/evidence_runs.parquet (or a run directory to push a run).")
+    check_repo_id(repo_id, "--repo")
+    token = _token_or_error(token)
+    table = Dataset.from_parquet(path)
+    api = HfApi(token=token)
+    with _clear_hub_errors(api.endpoint, path, has_token=token is not None):
+        url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        table.push_to_hub(url.repo_id, private=private, token=api.token, commit_message=commit_message)
+    return {"model": None, "dataset": str(url), "commit": None}
+
+
 def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
     """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
     hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`) and `eval/*.json`.

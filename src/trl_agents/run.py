@@ -75,6 +75,12 @@ class RunArguments:
         metadata={"help": "Turn budget at evaluation (None = the training `max_turns`). CANOPY evaluates at twice "
         "its training budget (100 turns for 50)."},
     )
+    eval_temperature: float | None = field(
+        default=None,
+        metadata={"help": "Decoding of the held-out (and warm-start validation) episodes: None = greedy; a number = "
+        "sampling at that temperature, i.e. the success rate of the policy RL trains (the evidence test-bed's "
+        "setting, envs/corridor/README.md)."},
+    )
     warm_start_steps: int = field(
         default=0,
         metadata={"help": "Maximum SFT steps before RL, on solver demonstrations or `warm_start_dataset` (0 = no warm "
@@ -360,6 +366,18 @@ def _replayed_examples(run: RunArguments, config, tokenizer):
 
 def _evaluator(run: RunArguments, config, tokenizer, tasks):
     def evaluate(model) -> dict[str, Any]:
+        if run.eval_temperature is None:
+            return play(model)
+        # Sampled evaluation draws from its own generator state, seeded by the run's seed: two models evaluated
+        # with the same seed see the same random numbers (paired comparisons), and training's draws are untouched.
+        import torch
+
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(config.seed)
+            return play(model)
+
+    def play(model) -> dict[str, Any]:
         return evaluate_policy(
             model,
             tokenizer,
@@ -374,6 +392,8 @@ def _evaluator(run: RunArguments, config, tokenizer, tasks):
             system_prompt=config.system_prompt,
             max_new_tokens=config.max_completion_length,
             max_prompt_length=config.max_prompt_length,
+            greedy=run.eval_temperature is None,
+            temperature=1.0 if run.eval_temperature is None else run.eval_temperature,
             chat_template_kwargs=config.chat_template_kwargs,
             show_progress=config.process_index == 0 and not config.disable_tqdm,
         )

@@ -7,7 +7,7 @@ from .replay import ReplaySnapshot, replay_snapshots
 
 # Built-in environments register themselves on import.
 from . import (  # noqa: F401  isort: skip
-    alfworld, dealnodeal, frozenlake, minesweeper, rushhour, scienceworld, searchqa, sokoban, textcraft, textworld,
+    alfworld, corridor, dealnodeal, frozenlake, minesweeper, rushhour, scienceworld, searchqa, sokoban, textcraft, textworld,
     webshop,
 )
 from . import telesales  # noqa: F401  isort: skip  (two-role vehicle telesales dialogue, IB-RL's setting)

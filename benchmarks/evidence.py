@@ -1,0 +1,389 @@
+"""The evidence benchmark: methods compared where their claimed effects can show, pre-registered, >= 5 seeds.
+
+The test-bed is the `corridor` environment (envs/corridor/README.md): 20 rooms, sparse terminal reward, states that
+recur within and across the episodes of a group, mistakes whose price is paid many turns later. For every seed the
+tiny model is warm-started once on solver demonstrations, stopped at a sampled validation success of 0.2
+(configs/evidence_corridor_tiny.yaml); every method then starts from that checkpoint, trains on the same tasks until
+its training rollouts have generated the same number of tokens (`max_generated_tokens`; episodes are reported too:
+every episode here is ~26 turns of one letter, so the two budgets nearly coincide), and is evaluated on the same 500
+held-out corridors with the sampled policy (`eval_temperature` 1.0: the policy RL trains).
+
+Statistics, per method: held-out success after RL (mean over seeds, 95 % bootstrap interval over seeds), the paired
+difference to GRPO on the same seed (mean, 95 % bootstrap interval, and the exact two-sided sign-flip permutation
+p-value over seeds), and the compute used (generated tokens, episodes, env steps, RL steps, seconds). Curves: training
+success and the fraction of groups whose episodes all scored the same (`frac_reward_zero_std`, no outcome signal)
+per 10k generated tokens, mean over seeds.
+
+The predictions were written before any run, in `benchmarks/results/evidence.md` (its git history shows it); this
+script appends the results below them (it never edits the predictions) and writes `docs/results.md`, the curves
+(`docs/images/evidence_*.png`) and the per-seed rows (`benchmarks/results/evidence.json` and
+`benchmarks/results/evidence_runs.parquet`, a `datasets` table that
+`trl-agents push benchmarks/results/evidence_runs.parquet --repo USER/NAME` publishes).
+
+Resumable: every finished run is recorded at once and skipped when the sweep is run again with the same settings; a
+killed run is started again. Runs go `--jobs` at a time (default 2, one CPU thread each).
+
+    python benchmarks/evidence.py                                # 7 methods x 5 seeds, CPU
+    python benchmarks/evidence.py --seeds 0 1 2 3 4 5 6 7 8 9    # more seeds (finished ones are kept)
+    python benchmarks/evidence.py --device cuda --jobs 1         # on a GPU
+    python benchmarks/evidence.py --report_only                  # tables and curves from the recorded runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+IMAGES = ROOT / "docs" / "images"
+CONFIG = ROOT / "configs" / "evidence_corridor_tiny.yaml"
+
+# Each compared method: its flags on top of the config. Groups are 8 episodes (8 leaves per task for BPO; CANOPY
+# grows a group to at most 16 until its outcomes mix), 64 episodes per step where the topology allows.
+RUNS: dict[str, list[str]] = {
+    "grpo": ["--method", "grpo"],
+    "gigpo": ["--method", "gigpo"],
+    "cast": ["--method", "cast"],
+    "ecpo": ["--method", "ecpo"],
+    "sdar": ["--method", "sdar", "--teacher", "current"],
+    "canopy": ["--method", "canopy", "--canopy_max_group_size", "16"],
+    # 2 backbones x (1 + 1 branch point x (4 - 1) forks) = 8 leaves per task, 8 tasks per step
+    "bpo": ["--method", "bpo", "--num_generations", "2", "--per_device_train_batch_size", "16",
+            "--bpo_branch_factor", "4"],
+}
+BASELINE = "grpo"
+
+# The pre-registered predictions of benchmarks/results/evidence.md, as data: (id, method A, reference B, statistic,
+# kind). Statistic "success": held-out success after RL; "zero_std": the run's mean fraction of groups whose
+# episodes all scored the same. Kind ">" : A − B > 0; "<": A − B < 0; ">=": A − B ≥ 0 with margin NON_INFERIORITY.
+PREDICTIONS: list[tuple[str, str, str, str, str]] = [
+    ("P1", "gigpo", "grpo", "success", ">"),
+    ("P2a", "cast", "gigpo", "success", ">="),
+    ("P2b", "cast", "grpo", "success", ">"),
+    ("P3", "ecpo", "gigpo", "success", ">="),
+    ("P4a", "canopy", "grpo", "zero_std", "<"),
+    ("P4b", "canopy", "grpo", "success", ">"),
+    ("P5", "bpo", "grpo", "success", ">="),
+    ("P6", "sdar", "grpo", "success", ">="),
+]
+NON_INFERIORITY = 0.03  # 3 points of success
+
+
+# ---- statistics (pure functions; tests/test_evidence_stats.py checks them by hand) ---------------------------------
+
+
+def bootstrap_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the mean of `values` (resampling the seeds with replacement)."""
+    if len(values) < 2:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def sign_flip_p_value(differences: list[float]) -> float:
+    """Exact two-sided p-value of the paired sign-flip permutation test: the share of the 2^n sign patterns whose
+    mean is at least as far from 0 as the observed mean (n = number of seeds; 1.0 when there are none)."""
+    n = len(differences)
+    if n == 0:
+        return 1.0
+    observed = abs(statistics.fmean(differences)) - 1e-12
+    extreme = sum(abs(sum(s * d for s, d in zip(signs, differences)) / n) >= observed
+                  for signs in itertools.product((1, -1), repeat=n))
+    return extreme / 2 ** n
+
+
+def verdict(mean: float, low: float, high: float, kind: str, margin: float = NON_INFERIORITY) -> str:
+    """The pre-registered decision rule on a paired difference A − B with 95 % interval [low, high].
+
+    ">" (A better): `held` when low > 0, `not held` when high < 0, else `inconclusive`; "<" the mirror image;
+    ">=" (A not worse): `held` when low > −margin and mean ≥ 0, `not held` when high < 0, else `inconclusive`.
+    Fewer than 2 seeds (NaN interval): `inconclusive`.
+    """
+    if low != low or high != high:
+        return "inconclusive"
+    if kind == "<":
+        mean, low, high, kind = -mean, -high, -low, ">"
+    if kind == ">":
+        return "held" if low > 0 else "not held" if high < 0 else "inconclusive"
+    if kind == ">=":
+        return "held" if low > -margin and mean >= 0 else "not held" if high < 0 else "inconclusive"
+    raise ValueError(f"unknown prediction kind {kind!r}: use '>', '<' or '>='")
+
+
+# ---- runs ----------------------------------------------------------------------------------------------------------
+
+
+def run_one(method: str, seed: int, args, output_root: Path) -> dict:
+    """One `trl-agents train` process for (method, seed) from the seed's warm start (made by the first run of the
+    seed, which is run alone); its results row with the per-step curves."""
+    output_dir = output_root / f"seed-{seed}" / method
+    warm = output_root / f"seed-{seed}" / "warm-start"
+    command = [
+        sys.executable, "-m", "trl_agents.cli", "train", "--config", str(CONFIG), "--seed", str(seed),
+        "--output_dir", str(output_dir), "--max_generated_tokens", str(args.generated_tokens),
+        "--max_steps", str(args.max_steps), "--num_eval_tasks", str(args.num_eval_tasks), "--disable_tqdm", "true",
+        *RUNS[method],
+    ]
+    if args.device == "cpu":
+        command += ["--use_cpu", "true"]
+    if (warm / "config.json").exists():
+        command += ["--tiny_model", "false", "--model_name_or_path", str(warm), "--warm_start_steps", "0"]
+    environ = dict(os.environ, HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    if args.device == "cpu":
+        environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    started = time.monotonic()
+    completed = subprocess.run(command, env=environ, capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - started
+    row = {"method": method, "seed": seed, "wall_seconds": wall}
+    if completed.returncode != 0:
+        tail = (completed.stdout + completed.stderr)[-2000:]
+        reason = next((line for line in reversed(tail.splitlines()) if "error" in line.lower()), tail[-300:])
+        return {**row, "status": "failed", "reason": reason.strip()}
+    if not (warm / "config.json").exists() and (output_dir / "warm-start" / "config.json").exists():
+        warm.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(output_dir / "warm-start", warm)
+    result = json.loads((output_dir / "eval_results.json").read_text())
+    history = json.loads((output_dir / "metrics.json").read_text())["rl"]
+    totals = result.get("rl_rollout_totals", {})
+    curve, tokens = [], 0.0
+    for entry in history:
+        if "env/success_rate" not in entry:
+            continue
+        tokens += entry.get("rollout/generated_tokens", 0.0)
+        curve.append({"step": entry["step"], "generated_tokens": tokens, "success": entry["env/success_rate"],
+                      "zero_std_groups": entry.get("frac_reward_zero_std"),
+                      "zero_advantage_groups": entry.get("credit/zero_advantage_group_fraction")})
+    return {
+        **row, "status": "ok", "before": result["eval_before_rl"]["success_rate"],
+        "after": result["eval_after_rl"]["success_rate"], "eval_tasks": result["eval_after_rl"]["num_tasks"],
+        "rl_steps": result["rl_steps"], "rl_seconds": result["rl_seconds"],
+        **{f"rl_{key}": value for key, value in totals.items()}, "curve": curve,
+    }
+
+
+def sweep(args) -> list[dict]:
+    json_path = RESULTS / "evidence.json"
+    settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
+    previous = json.loads(json_path.read_text()) if json_path.exists() else {"rows": []}
+    rows = [r for r in previous["rows"] if r.get("settings") == settings and r["status"] == "ok"]
+    done = {(r["method"], r["seed"]) for r in rows}
+    todo = [(m, s) for s in args.seeds for m in args.methods if (m, s) not in done]
+    output_root = Path(args.output_root)
+    started, finished = time.monotonic(), 0
+
+    def record(row: dict) -> None:
+        nonlocal finished
+        finished += 1
+        row["settings"] = settings
+        if row["status"] == "ok":
+            rows.append(row)
+        elapsed = time.monotonic() - started
+        eta = elapsed / finished * (len(todo) - finished)
+        shown = {k: row.get(k) for k in ("method", "seed", "status", "before", "after", "rl_generated_tokens",
+                                          "rl_episodes", "wall_seconds", "reason") if row.get(k) is not None}
+        print(f"[{finished}/{len(todo)}] {json.dumps(shown)}  (elapsed {elapsed / 60:.1f} min, eta {eta / 60:.1f} min)",
+              flush=True)
+        json_path.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+
+    # The first run of a seed makes its warm start: those run first, `jobs` at a time, then everything else.
+    first = [next((m, s) for m in [BASELINE, *args.methods] if (m, s) in todo) for s in args.seeds
+             if not (output_root / f"seed-{s}" / "warm-start" / "config.json").exists()
+             and any((m, s) in todo for m in args.methods)]
+    rest = [item for item in todo if item not in first]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for batch in (first, rest):
+            for row in pool.map(lambda item: run_one(item[0], item[1], args, output_root), batch):
+                record(row)
+    return rows
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+
+
+def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
+    """One summary per method: success, gain, paired difference to GRPO and compute, over the seeds both ran."""
+    by = {(r["method"], r["seed"]): r for r in rows if r["status"] == "ok"}
+    out = []
+    for method in methods:
+        mine = sorted((r for (m, _), r in by.items() if m == method), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        after = [r["after"] for r in mine]
+        gain = [r["after"] - r["before"] for r in mine]
+        paired = [r["after"] - by[(BASELINE, r["seed"])]["after"] for r in mine if (BASELINE, r["seed"]) in by]
+        zero = [statistics.fmean(p["zero_std_groups"] for p in r["curve"] if p["zero_std_groups"] is not None)
+                for r in mine if r["curve"]]
+        out.append({
+            "method": method, "seeds": len(mine), "after": statistics.fmean(after),
+            "after_ci": bootstrap_interval(after), "gain": statistics.fmean(gain), "gain_ci": bootstrap_interval(gain),
+            "paired": statistics.fmean(paired) if paired else float("nan"), "paired_n": len(paired),
+            "paired_ci": bootstrap_interval(paired), "paired_p": sign_flip_p_value(paired) if paired else 1.0,
+            "zero_std": statistics.fmean(zero) if zero else float("nan"), "zero_std_ci": bootstrap_interval(zero),
+            "tokens": statistics.fmean(r.get("rl_generated_tokens", 0) for r in mine),
+            "episodes": statistics.fmean(r.get("rl_episodes", 0) for r in mine),
+            "env_steps": statistics.fmean(r.get("rl_env_steps", 0) for r in mine),
+            "rl_steps": statistics.fmean(r["rl_steps"] for r in mine),
+            "rl_seconds": statistics.fmean(r["rl_seconds"] for r in mine),
+            "wall_seconds": sum(r["wall_seconds"] for r in mine),
+        })
+    return out
+
+
+def run_statistic(row: dict, statistic: str) -> float | None:
+    """A run's value of a prediction's statistic: held-out success after RL, or its mean equal-outcome fraction."""
+    if statistic == "success":
+        return row["after"]
+    values = [p["zero_std_groups"] for p in row["curve"] if p.get("zero_std_groups") is not None]
+    return statistics.fmean(values) if values else None
+
+
+def paired_differences(rows: list[dict], a: str, b: str, statistic: str) -> list[float]:
+    """A − B per seed, over the seeds where both ran."""
+    by = {(r["method"], r["seed"]): r for r in rows if r["status"] == "ok"}
+    out = []
+    for (method, seed), row in sorted(by.items(), key=lambda item: item[0][1]):
+        if method == a and (b, seed) in by:
+            x, y = run_statistic(row, statistic), run_statistic(by[(b, seed)], statistic)
+            if x is not None and y is not None:
+                out.append(x - y)
+    return out
+
+
+def verdict_table(rows: list[dict]) -> str:
+    lines = ["| # | prediction | seeds | mean A − B, points | 95 % CI | sign-flip p | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for pid, a, b, statistic, kind in PREDICTIONS:
+        diffs = paired_differences(rows, a, b, statistic)
+        if not diffs:
+            lines.append(f"| {pid} | {a} {kind} {b} ({statistic}) | 0 | — | — | — | not run |")
+            continue
+        mean, (low, high) = statistics.fmean(diffs), bootstrap_interval(diffs)
+        lines.append(f"| {pid} | {a} {kind} {b} ({statistic}) | {len(diffs)} | {100 * mean:+.1f} | "
+                     f"{_ci((low, high), 100)} | {sign_flip_p_value(diffs):.3f} | "
+                     f"**{verdict(mean, low, high, kind)}** |")
+    return "\n".join(lines)
+
+
+def _ci(pair: tuple[float, float], scale: float = 1.0) -> str:
+    low, high = pair
+    return "n/a" if low != low else f"[{scale * low:+.1f}, {scale * high:+.1f}]" if scale != 1.0 else \
+        f"[{low:.3f}, {high:.3f}]"
+
+
+def results_table(summary: list[dict]) -> str:
+    lines = [
+        "| method | seeds | held-out success after RL (95 % CI) | gain over warm start, points (95 % CI) | "
+        "paired vs GRPO, points (95 % CI) | sign-flip p | groups with equal outcomes | generated tokens | "
+        "episodes | RL steps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        paired = "—" if s["method"] == BASELINE else f"{100 * s['paired']:+.1f} {_ci(s['paired_ci'], 100)}"
+        p = "—" if s["method"] == BASELINE else f"{s['paired_p']:.3f}"
+        lines.append(
+            f"| {s['method']} | {s['seeds']} | {s['after']:.3f} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} "
+            f"{_ci(s['gain_ci'], 100)} | {paired} | {p} | {s['zero_std']:.3f} | {s['tokens']:,.0f} | "
+            f"{s['episodes']:,.0f} | {s['rl_steps']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(rows: list[dict], methods: list[str], key: str, ylabel: str, path: Path) -> None:
+    """Mean over seeds of `key` per 10k generated tokens (each run's steps binned by its cumulative tokens)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7.5, 4.2))
+    for method in methods:
+        bins: dict[int, list[float]] = {}
+        for r in rows:
+            if r["method"] != method or r["status"] != "ok":
+                continue
+            per_run: dict[int, list[float]] = {}
+            for point in r["curve"]:
+                if point.get(key) is not None:
+                    per_run.setdefault(int(point["generated_tokens"] // 10_000), []).append(point[key])
+            for b, values in per_run.items():
+                bins.setdefault(b, []).append(statistics.fmean(values))
+        if bins:
+            xs = sorted(bins)
+            axis.plot([10 * (b + 0.5) for b in xs], [statistics.fmean(bins[b]) for b in xs], marker="o",
+                      markersize=3, label=method, linewidth=2.2 if method == BASELINE else 1.4)
+    axis.set_xlabel("generated tokens (thousands)")
+    axis.set_ylabel(ylabel)
+    axis.set_ylim(0, 1)
+    axis.legend(ncol=4, fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_dataset(rows: list[dict], path: Path) -> None:
+    """The per-seed rows as a `datasets` table (parquet), one row per (method, seed), curves as JSON text."""
+    from datasets import Dataset
+
+    records = [{
+        "method": r["method"], "seed": r["seed"], "env": "corridor", "success_before": r["before"],
+        "success_after": r["after"], "eval_tasks": r["eval_tasks"], "rl_steps": r["rl_steps"],
+        "generated_tokens": float(r.get("rl_generated_tokens", 0)), "episodes": float(r.get("rl_episodes", 0)),
+        "env_steps": float(r.get("rl_env_steps", 0)), "rl_seconds": r["rl_seconds"],
+        "curve": json.dumps(r["curve"]), "settings": json.dumps(r["settings"], sort_keys=True),
+    } for r in sorted(rows, key=lambda r: (r["method"], r["seed"])) if r["status"] == "ok"]
+    Dataset.from_list(records).to_parquet(str(path))
+
+
+def report(rows: list[dict], args) -> str:
+    methods = [m for m in args.methods if any(r["method"] == m for r in rows)]
+    summary = summarise(rows, methods)
+    plot_curves(rows, methods, "success", "training success (sampled)", IMAGES / "evidence_success.png")
+    plot_curves(rows, methods, "zero_std_groups", "groups with equal outcomes", IMAGES / "evidence_zero_std.png")
+    if rows:
+        write_dataset(rows, RESULTS / "evidence_runs.parquet")
+    cpu_hours = sum(r["wall_seconds"] for r in rows) / 3600
+    table = results_table(summary)
+    (RESULTS / "evidence_table.md").write_text(
+        f"Results of `python benchmarks/evidence.py` (settings {json.dumps(rows[0]['settings']) if rows else '{}'}; "
+        f"{len(rows)} runs, {cpu_hours:.2f} hours of run time in total).\n\n{table}\n")
+    print(table)
+    print(f"total run time: {cpu_hours:.2f} h over {len(rows)} runs")
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--generated_tokens", type=int, default=70_000,
+                        help="training-rollout tokens per run (the equal budget); ~21 GRPO steps of 64 episodes")
+    parser.add_argument("--max_steps", type=int, default=200, help="cap on RL steps (the token budget stops first)")
+    parser.add_argument("--num_eval_tasks", type=int, default=500)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    parser.add_argument("--output_root", default=str(ROOT / "outputs" / "bench-evidence"))
+    parser.add_argument("--report_only", action="store_true", help="no runs: report the recorded ones")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        rows = json.loads((RESULTS / "evidence.json").read_text())["rows"]
+    else:
+        rows = sweep(args)
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()
