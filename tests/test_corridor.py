@@ -133,3 +133,28 @@ def test_the_snr_estimate_of_the_readme():
     perfect = credit_snr(accuracy=1.0, num_groups=20)
     assert perfect["success_rate"] == 1.0 and perfect["zero_advantage_outcome"] == 1.0
     assert perfect["outcome_snr"] == perfect["anchor_snr"] == 0.0
+
+
+def test_sampled_evaluation_is_seeded_and_leaves_the_training_generator_alone(tiny_model, tokenizer, tmp_path):
+    # `eval_temperature` (the test-bed's setting): two evaluations of one model with one seed draw the same numbers
+    # (so every method's "before RL" is the same and held-out noise is paired), and the draws of training continue
+    # as if no evaluation had run.
+    import torch
+
+    from trl_agents import AgentGRPOConfig
+    from trl_agents.run import RunArguments, _evaluator
+    from trl_agents.testing import tiny_training_config
+
+    config = tiny_training_config(AgentGRPOConfig, tmp_path, env_name="corridor", env_kwargs={"rooms": 3},
+                                  max_turns=5, max_completion_length=2, seed=3)
+    tasks = Corridor.task_split("eval", 6, rooms=3)
+    evaluate = _evaluator(RunArguments(method="grpo", eval_temperature=1.0), config, tokenizer, tasks)
+    torch.manual_seed(0)
+    expected_next = torch.rand(3)
+    torch.manual_seed(0)
+    first = evaluate(tiny_model)
+    assert torch.equal(torch.rand(3), expected_next)
+    second = evaluate(tiny_model)
+    assert first == second and first["greedy"] is False and first["num_tasks"] == 6
+    greedy = _evaluator(RunArguments(method="grpo"), config, tokenizer, tasks)(tiny_model)
+    assert greedy["greedy"] is True

@@ -1,6 +1,7 @@
 """benchmarks/evidence.py's statistics and decision rule, checked by hand (the benchmark itself is not run here)."""
 
 import importlib.util
+import math
 import statistics
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():
     assert (low, high) == evidence.bootstrap_interval(values)
     assert evidence.bootstrap_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))
     nan_low, nan_high = evidence.bootstrap_interval([0.3])
-    assert nan_low != nan_low and nan_high != nan_high  # one seed: no interval
+    assert math.isnan(nan_low) and math.isnan(nan_high)  # one seed: no interval
 
 
 @pytest.mark.parametrize(("mean", "low", "high", "kind", "expected"), [
@@ -66,3 +67,14 @@ def test_every_prediction_names_registered_runs():
     for _, a, b, statistic, kind in evidence.PREDICTIONS:
         assert a in evidence.RUNS and b in evidence.RUNS
         assert statistic in ("success", "zero_std") and kind in (">", "<", ">=")
+
+
+def test_results_go_under_the_predictions_which_stay_byte_identical(tmp_path):
+    predictions = "# Evidence\n\n## Predictions (pre-registered)\n\n| P1 | GiGPO > GRPO |\n"
+    path = tmp_path / "evidence.md"
+    path.write_text(predictions)
+    evidence.append_results(path, "first results")
+    assert path.read_text() == predictions + "\n## Results\n\nfirst results\n"
+    evidence.append_results(path, "\nsecond results\n")  # a re-run replaces the results, never the predictions
+    assert path.read_text() == predictions + "\n## Results\n\nsecond results\n"
+    assert path.read_text().startswith(predictions)

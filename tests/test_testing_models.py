@@ -28,3 +28,28 @@ def test_model_and_saved_directory(tmp_path):
 
     assert AutoTokenizer.from_pretrained(path).chat_template == qwen2_5_chat_template
     assert AutoModelForCausalLM.from_pretrained(path).config.hidden_size == 32
+
+
+def test_a_saved_tiny_model_reloads_with_the_tokenizer_it_was_trained_with(tmp_path):
+    # transformers' AutoTokenizer rebuilds a Qwen2 checkpoint's pre-tokenizer from its registered class, which splits
+    # "20" into "2", "0" where our BPE has one token: a warm-started model reloaded that way saw prompts it never saw
+    # (found on the corridor test-bed). `load_tokenizer` and the run's model loading keep the saved tokenizer.json.
+    from trl_agents import AgentGRPOConfig
+    from trl_agents.loading import load_tokenizer
+    from trl_agents.run import RunArguments, _load_model
+    from trl_agents.testing import tiny_training_config
+
+    text = "room 7 of 20\nsign: east\ndoors: a b c"
+    tokenizer = build_tiny_tokenizer([text] * 20, vocab_size=400)
+    tokenizer.save_pretrained(tmp_path)
+    build_tiny_model(tokenizer, hidden_size=32, num_layers=1).save_pretrained(tmp_path)
+    expected = tokenizer(text)["input_ids"]
+    reloaded = load_tokenizer(str(tmp_path), padding_side="left")
+    assert reloaded(text)["input_ids"] == expected
+    assert reloaded.chat_template == tokenizer.chat_template and reloaded.eos_token == tokenizer.eos_token
+
+    from trl.trainer.model_config import ModelConfig
+
+    config = tiny_training_config(AgentGRPOConfig, tmp_path / "run", env_name="corridor")
+    _, loaded, _ = _load_model(RunArguments(method="grpo"), config, ModelConfig(model_name_or_path=str(tmp_path)))
+    assert loaded(text)["input_ids"] == expected

@@ -219,9 +219,10 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
     the result of each, written to `eval/{name}.json` of the run directory (see `EvalArguments.output_dir`)."""
     import json
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+    from transformers import AutoModelForCausalLM, HfArgumentParser
 
     from .evaluation import EVAL_DIR, evaluate_policy, free_eval_name, to_eval_result, write_eval_result
+    from .loading import load_tokenizer
     from .rollout import EnvPool
     from .rollout.env_pool import check_execution_settings
     from .trainers.agent_grpo import ENV_EXECUTION_FIELDS, as_dict, load_agent_config
@@ -247,7 +248,7 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
     env_kwargs = as_dict(args.env_kwargs, "env_kwargs") if args.env_kwargs else trained.get("env_kwargs")
     run_dir = args.output_dir or (args.model_name_or_path if os.path.isdir(args.model_name_or_path) else None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, padding_side="left")
+        tokenizer = load_tokenizer(args.model_name_or_path, padding_side="left")
     except OSError as err:  # a Hub id that cannot be fetched (offline, private, misspelled)
         raise ValueError(f"cannot load a tokenizer from --model_name_or_path {args.model_name_or_path!r}: "
                          f"{str(err).splitlines()[0]}") from None

@@ -76,10 +76,10 @@ class JudgeUnavailable(ValueError):
 def load_pretrained(name: str, tokenizer: Any, model_class: Any, what: str, kind: str = "model") -> tuple[Any, Any]:
     """(`model_class.from_pretrained(name)`, the given tokenizer or `name`'s), or a one-line `JudgeUnavailable`
     naming `what` failed to load (a judge or scorer model given by path or Hub id)."""
-    from transformers import AutoTokenizer
+    from .loading import load_tokenizer
 
     try:
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
+        tokenizer = tokenizer or load_tokenizer(name)
         return model_class.from_pretrained(name), tokenizer
     except (OSError, ValueError) as err:
         raise JudgeUnavailable(

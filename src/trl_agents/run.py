@@ -248,7 +248,9 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
 def _load_model(run: RunArguments, config, model_args):
     """(model or None, tokenizer, path or Hub id). The tiny offline model is built and saved under output_dir; a Hub
     or local model is loaded here only when the warm start needs its weights (the trainer loads it otherwise)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from .loading import load_tokenizer
 
     if run.tiny_model:
         from .testing import build_tiny_model, build_tiny_tokenizer, env_corpus
@@ -256,7 +258,7 @@ def _load_model(run: RunArguments, config, model_args):
         path = os.path.join(config.output_dir, "base-model")
         with config.main_process_first(local=False, desc="build the tiny model"):  # the others load it then
             if config.process_index > 0:
-                return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
+                return AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path), path
             sizes = as_dict(run.tiny_model_kwargs, "tiny_model_kwargs")
             vocab_size = sizes.pop("vocab_size", 512)
             corpus = env_corpus(config.env_name, seed=config.seed, **config.env_kwargs)
@@ -270,7 +272,7 @@ def _load_model(run: RunArguments, config, model_args):
     name = model_args.model_name_or_path
     if not name:
         raise ValueError("Set `model_name_or_path` (a Hub model id or a local path), or `tiny_model: true`.")
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision, padding_side="left")
+    tokenizer = load_tokenizer(name, revision=model_args.model_revision, padding_side="left")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
             f"The tokenizer of {name!r} has no chat template, and trl-agents renders every turn as a chat. Use an "

@@ -2,7 +2,8 @@
 
 Every task is a seeded corridor of `rooms` rooms. Each room shows a sign (one of eight direction words) and `doors`
 doors, labelled a, b, c, ...; a fixed code (`door_of`, the same in every corridor) says which door a sign points to.
-That door leads to the next room; every other door sends the player back `setback` rooms. Passing the last room opens the vault: reward 1, the only reward.
+That door leads to the next room; every other door sends the player back `setback` rooms. Passing the last room
+opens the vault: reward 1, the only reward.
 The player has `rooms + slack` moves; an episode that runs out of moves ends with reward 0. So:
 
 * the horizon is long (at least `rooms` turns, 20 by default) and the reward is sparse and terminal;
@@ -75,7 +76,7 @@ def _check_settings(rooms: Any, doors: Any, setback: Any, slack: Any) -> dict[st
 
 @register_env
 class Corridor(AgentEnv):
-    """The corridor test-bed (module docstring), with an exact solver.
+    """Rooms whose right door leads on while wrong doors send you back (the credit test-bed), with an exact solver.
 
     A task row is `{"seed": s}`; it may also set `rooms`, `doors`, `setback` or `slack`, which then override the
     constructor's values for that task.
@@ -151,7 +152,8 @@ class Corridor(AgentEnv):
         layout = self._require_layout()
         if self._room == len(layout):
             return "The vault opens."
-        return f"room {self._room + 1} of {len(layout)}\nsign: {layout[self._room]}\ndoors: {' '.join(LABELS[: self._doors])}"
+        doors = " ".join(LABELS[: self._doors])
+        return f"room {self._room + 1} of {len(layout)}\nsign: {layout[self._room]}\ndoors: {doors}"
 
     def admissible_actions(self) -> list[str]:
         self._require_layout()
