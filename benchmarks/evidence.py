@@ -217,29 +217,24 @@ def sweep(args) -> list[dict]:
 
 def summarise(rows: list[dict], methods: list[str]) -> list[dict]:
     """One summary per method: success, gain, paired difference to GRPO and compute, over the seeds both ran."""
-    by = {(r["method"], r["seed"]): r for r in rows if r["status"] == "ok"}
     out = []
     for method in methods:
-        mine = sorted((r for (m, _), r in by.items() if m == method), key=lambda r: r["seed"])
+        mine = sorted((r for r in rows if r["method"] == method and r["status"] == "ok"), key=lambda r: r["seed"])
         if not mine:
             continue
         after = [r["after"] for r in mine]
         gain = [r["after"] - r["before"] for r in mine]
-        paired = [r["after"] - by[(BASELINE, r["seed"])]["after"] for r in mine if (BASELINE, r["seed"]) in by]
-        zero = [statistics.fmean(p["zero_std_groups"] for p in r["curve"] if p["zero_std_groups"] is not None)
-                for r in mine if r["curve"]]
+        paired = paired_differences(rows, method, BASELINE, "success")
+        zero = [value for value in (run_statistic(r, "zero_std") for r in mine) if value is not None]
         out.append({
             "method": method, "seeds": len(mine), "after": statistics.fmean(after),
             "after_ci": bootstrap_interval(after), "gain": statistics.fmean(gain), "gain_ci": bootstrap_interval(gain),
-            "paired": statistics.fmean(paired) if paired else float("nan"), "paired_n": len(paired),
+            "paired": statistics.fmean(paired) if paired else float("nan"),
             "paired_ci": bootstrap_interval(paired), "paired_p": sign_flip_p_value(paired) if paired else 1.0,
-            "zero_std": statistics.fmean(zero) if zero else float("nan"), "zero_std_ci": bootstrap_interval(zero),
+            "zero_std": statistics.fmean(zero) if zero else float("nan"),
             "tokens": statistics.fmean(r.get("rl_generated_tokens", 0) for r in mine),
             "episodes": statistics.fmean(r.get("rl_episodes", 0) for r in mine),
-            "env_steps": statistics.fmean(r.get("rl_env_steps", 0) for r in mine),
             "rl_steps": statistics.fmean(r["rl_steps"] for r in mine),
-            "rl_seconds": statistics.fmean(r["rl_seconds"] for r in mine),
-            "wall_seconds": sum(r["wall_seconds"] for r in mine),
         })
     return out
 

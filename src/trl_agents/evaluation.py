@@ -67,6 +67,7 @@ def evaluate_policy(
     greedy: bool = True,
     temperature: float = 1.0,
     num_samples: int = 1,
+    seed: int | None = None,
     batch_size: int | None = None,
     generator: Generator | None = None,
     env_pool: EnvPool | None = None,
@@ -87,6 +88,9 @@ def evaluate_policy(
             from `max_turns`); None when unknown.
         greedy: Greedy decoding; False samples at `temperature`.
         num_samples: Episodes per task (needs sampling when > 1); reports pass@k.
+        seed: With sampling, draw from torch's generator seeded with `seed`, in a forked state: two models evaluated
+            with one seed start from the same random numbers (paired comparisons) and the caller's draws are left
+            as they were. None samples from the global generator as it stands.
         env_pool: Runs the environments (e.g. `EnvPool(backend="process", step_timeout=60)` for slow or fragile
             ones); by default a pool of local environments, closed at the end.
         show_progress: Show a live progress bar of the episodes on stderr.
@@ -120,7 +124,7 @@ def evaluate_policy(
         on_turn=progress.update if progress else None,
     )
     try:
-        with progress.track() if progress else contextlib.nullcontext():
+        with progress.track() if progress else contextlib.nullcontext(), _seeded(None if greedy else seed):
             batch = engine.run(tasks, num_generations=num_samples)
     finally:
         if env_pool is None:  # ours: stop its workers
@@ -138,6 +142,20 @@ def evaluate_policy(
     if return_rollout:
         result["rollout"] = batch
     return result
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None):
+    """torch's generators (CPU and every GPU) seeded with `seed` inside, restored on exit; nothing when None."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def summarize(batch: RolloutBatch) -> dict[str, Any]:

@@ -368,18 +368,6 @@ def _replayed_examples(run: RunArguments, config, tokenizer):
 
 def _evaluator(run: RunArguments, config, tokenizer, tasks):
     def evaluate(model) -> dict[str, Any]:
-        if run.eval_temperature is None:
-            return play(model)
-        # Sampled evaluation draws from its own generator state, seeded by the run's seed: two models evaluated
-        # with the same seed see the same random numbers (paired comparisons), and training's draws are untouched.
-        import torch
-
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(config.seed)
-            return play(model)
-
-    def play(model) -> dict[str, Any]:
         return evaluate_policy(
             model,
             tokenizer,
@@ -396,6 +384,7 @@ def _evaluator(run: RunArguments, config, tokenizer, tasks):
             max_prompt_length=config.max_prompt_length,
             greedy=run.eval_temperature is None,
             temperature=1.0 if run.eval_temperature is None else run.eval_temperature,
+            seed=config.seed,  # sampled evaluation: every model of a seed draws the same numbers (paired)
             chat_template_kwargs=config.chat_template_kwargs,
             show_progress=config.process_index == 0 and not config.disable_tqdm,
         )

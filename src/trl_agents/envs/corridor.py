@@ -49,7 +49,7 @@ from .validation import check_int
 WORDS: tuple[str, ...] = ("north", "south", "east", "west", "up", "down", "left", "right")
 LABELS = "abcdefgh"
 _LABEL = re.compile(r"(?<![a-z])([a-h])(?![a-z])")
-
+SETTINGS = ("rooms", "doors", "setback", "slack")  # constructor arguments a task row may override
 
 
 def door_of(sign: str, doors: int) -> str:
@@ -142,7 +142,7 @@ class Corridor(AgentEnv):
         self._done = success or self._moves_left == 0
         info = {INFO_VALID: True, INFO_SUCCESS: success, "action": label, "correct": correct, "room": room_before}
         if success:
-            return "The vault opens.", 1.0, True, info
+            return self.render(), 1.0, True, info
         if self._done:
             return "You are out of moves.\n" + self.render(), 0.0, True, info
         return self.render(), 0.0, False, info
@@ -172,7 +172,7 @@ class Corridor(AgentEnv):
     def solver_value(self) -> float:
         """Moves the solver still needs: the rooms left, or `math.inf` when fewer moves than that remain."""
         rooms_left = len(self._require_layout()) - self._room
-        return rooms_left if rooms_left <= self._moves_left or rooms_left == 0 else math.inf
+        return rooms_left if rooms_left <= self._moves_left else math.inf
 
     def optimal_plan(self) -> list[str] | None:
         """The matching door of every room from here on; None when the moves left cannot reach the vault."""
@@ -204,7 +204,7 @@ class Corridor(AgentEnv):
         """Seeded rows: train seeds from 0, eval seeds from 1_000_000 (disjoint corridors). Settings among
         `env_kwargs` are checked and copied into the rows."""
         cls(**env_kwargs)  # validates the settings now rather than at the first reset
-        extra = {k: v for k, v in env_kwargs.items() if k in ("rooms", "doors", "setback", "slack")}
+        extra = {k: v for k, v in env_kwargs.items() if k in SETTINGS}
         return cls.seeded_split(split, count, **extra)
 
 
