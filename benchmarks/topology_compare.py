@@ -10,10 +10,13 @@ runs overshoot it by less than one rollout's tokens).
 
 For every (env, seed) the tiny model is warm-started once on solver demonstrations (the first run does it, exactly as
 `benchmarks/credit_compare.py`, whose runner this reuses); every method then starts from that checkpoint, trains on
-the same tasks and is evaluated greedily on the same held-out tasks. Each run is a fresh `trl-agents train` process,
-one after the other. A method an env cannot run (IGRPO needs a gold answer, which FrozenLake and Sokoban lack) is
-reported as n/a with the reason, and so is DPEPO, whose success (any of K environment copies) is not the
-single-environment success the others are evaluated on.
+the same tasks and is evaluated on the same held-out tasks (greedily, or sampled from the same seeded stream where a
+setting asks for it). Each run is a fresh `trl-agents train` process, one after the other. A method an env cannot run
+(IGRPO needs a gold answer, which FrozenLake and Sokoban lack) is reported as n/a with the reason, and so is DPEPO,
+whose success (any of K environment copies) is not the single-environment success the others are evaluated on. Two
+opt-in settings hold those two: `frozenlake-parallel` (DPEPO and GRPO on 2 parallel copies of the lake) and
+`searchqa` (IGRPO and GRPO on one-hop questions, plus GRPO on twice the tokens, `grpo_2x_tokens`: about the RL steps
+and episodes IGRPO's tree buys with one budget, to tell its cheaper leaves from its credit).
 
 The table gives, per method and env, held-out success after RL (mean ± std over seeds), its gain over the warm
 start, the paired difference to GRPO on the same seed (mean and a 95 % t-interval over seeds), and the compute each
@@ -26,6 +29,7 @@ keeps what it measured; rerunning skips finished runs).
     python benchmarks/topology_compare.py                                    # everything, 3 seeds, 2 envs
     python benchmarks/topology_compare.py --envs frozenlake --methods grpo bpo --seeds 0
     python benchmarks/topology_compare.py --generated_tokens 60000
+    python benchmarks/topology_compare.py --generated_tokens 20000 --envs frozenlake-parallel searchqa  # ~1.5 h
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from credit_compare import ENV_CONFIGS, ENV_OVERRIDES, ROOT, run_one, unsupported_reason  # noqa: E402
+from credit_compare import ENV_CONFIGS, ENV_OVERRIDES, ROOT, run_one, unsupported_reason
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -51,27 +55,40 @@ SETTINGS: dict[str, dict] = {
     "sokoban": {"env": "sokoban", "config": ENV_CONFIGS["sokoban"], "flags": []},
     "frozenlake-parallel": {
         "env": "parallel", "config": ENV_CONFIGS["frozenlake"],
+        # The plain setting's 4x4 lakes (hole_prob 0.3) in 2 copies. On 3x3 lakes the held-out layouts are few and
+        # unlike the training ones: a warm start that solved 58 % of training layouts solved 0-4 % of held-out ones.
         "flags": ["--env_name", "parallel", "--env_kwargs",
-                  json.dumps({"inner": "frozenlake", "size": 3, "hole_prob": 0.3, "num_envs": 2, "max_history": 0,
+                  json.dumps({"inner": "frozenlake", "size": 4, "hole_prob": 0.3, "num_envs": 2, "max_history": 0,
                               "explore_actions": ["up", "down", "left", "right"]}),
-                  "--system_prompt", "Walk P to the goal G without stepping into a hole H, in 2 copies of the lake at "
-                  "once. Answer with a move in each copy you choose, e.g. "
-                  "<parallel><env_1>down</env_1><env_2>right</env_2></parallel>.",
-                  "--max_completion_length", "56", "--history_length", "0", "--max_turns", "6",
+                  "--system_prompt", ("Walk P to the goal G without stepping into a hole H, in 2 copies of the lake "
+                                      "at once. Answer with a move in each copy you choose, e.g. "
+                                      "<parallel><env_1>down</env_1><env_2>right</env_2></parallel>."),
+                  "--max_completion_length", "56", "--history_length", "0", "--max_turns", "8",
+                  # Sampled evaluation (seeded, the same draws for both methods of a seed): a greedy policy whose
+                  # observation does not change (a move into an ended copy) repeats its answer until the turns run out.
+                  "--eval_temperature", "1.0",
                   "--per_device_train_batch_size", "32"],  # 4 tasks x 8 episodes per step (over the run's flags)
         "runs": ["grpo", "dpepo"],  # the other topologies run on the plain lake above
-        # A parallel-format answer is ~25 tokens a copy where a plain move is 1-2: the budget scales with it.
-        "token_scale": 4,
+        # A parallel-format turn is ~25 tokens where a plain move is 1-2, and an episode ~150 tokens where a plain
+        # one is ~8: 10x the plain budget buys about the plain setting's number of RL steps (~40).
+        "token_scale": 10,
     },
     # One-hop Search-QA questions: the setting with a gold answer, where IGRPO's information gain is defined.
     "searchqa": {"env": "searchqa", "config": ROOT / "configs" / "grpo_searchqa_tiny.yaml", "flags": [],
-                 "runs": ["grpo", "igrpo"], "token_scale": 4},  # ~51 tokens an episode where a lake move is 1-2
+                 "runs": ["grpo", "igrpo", "grpo_2x_tokens"],
+                 "token_scale": 4},  # ~51 tokens an episode where a lake move is 1-2
 }
 for _name, _setting in SETTINGS.items():  # the runner looks settings up by name
     ENV_CONFIGS.setdefault(_name, _setting["config"])
-ENV_OVERRIDES.setdefault("frozenlake-parallel", ["--warm_start_steps", "400", "--warm_start_min_steps", "150",
+# The plain lake's warm start (configs/quickstart.yaml: at least 250 steps, before which the tiny model can reach the
+# target by a shortcut), validated every 50 steps on 50 tasks.
+ENV_OVERRIDES.setdefault("frozenlake-parallel", ["--warm_start_steps", "400", "--warm_start_min_steps", "250",
                                                  "--warm_start_target_success", "0.45", "--warm_start_eval_every",
                                                  "50", "--warm_start_val_tasks", "50"])
+# Search-QA's config stops its warm start at 300 steps, where the tiny model answers 10 % of validation questions and
+# GRPO's groups are nearly all failures (34 RL steps, no gain); SFT steps cost 0.5 s here, so it may go on to 1000.
+ENV_OVERRIDES.setdefault("searchqa", ["--warm_start_steps", "1000", "--warm_start_min_steps", "300",
+                                      "--warm_start_eval_every", "100"])
 
 # Each compared run: (registered method, its flags on top of the env's config). Leaves per task are kept at 8 (GRPO's
 # group) where the topology has a fixed leaf budget; the tasks per step then follow from the batch size (episodes
@@ -101,7 +118,14 @@ RUNS: dict[str, tuple[str, list[str]]] = {
                                   "--episode_advantage_w", "1.0"]),
     # 8 parallel-format episodes per task with DPEPO's diversity weights, against GRPO on the same wrapper.
     "dpepo": ("dpepo", ["--num_generations", "8", "--per_device_train_batch_size", "64"]),  # (batch: the setting's)
+    # GRPO on twice the tokens: about the RL steps and episodes a tree buys with one budget (IGRPO on Search-QA),
+    # to tell a tree's cheaper leaves from its credit.
+    "grpo_2x_tokens": ("grpo", ["--num_generations", "8", "--per_device_train_batch_size", "64"]),
 }
+# Runs whose budget is a multiple of the setting's.
+RUN_TOKEN_SCALE = {"grpo_2x_tokens": 2}
+# The runs a setting without its own "runs" list compares.
+DEFAULT_RUNS = [run for run in RUNS if run not in RUN_TOKEN_SCALE]
 
 # Runs whose numbers would not measure the same thing as the others' on a setting.
 NOT_COMPARABLE = {
@@ -117,13 +141,13 @@ def t_quantile_975(df: int) -> float:
     return table.get(df, 1.96)
 
 
-def paired(rows: list[dict], env: str, run: str) -> list[float]:
-    """Per seed: success after RL of `run` minus GRPO's, in points (seeds where both finished)."""
+def paired(rows: list[dict], env: str, run: str, reference: str = "grpo") -> list[float]:
+    """Per seed: success after RL of `run` minus `reference`'s, in points (seeds where both finished)."""
     def by_seed(name):
         return {r["seed"]: r["after"] for r in rows if r["env"] == env and r["run"] == name and r["status"] == "ok"}
 
-    mine, grpo = by_seed(run), by_seed("grpo")
-    return [100 * (mine[s] - grpo[s]) for s in sorted(mine) if s in grpo]
+    mine, theirs = by_seed(run), by_seed(reference)
+    return [100 * (mine[s] - theirs[s]) for s in sorted(mine) if s in theirs]
 
 
 def interval(values: list[float]) -> tuple[float, float] | None:
@@ -135,12 +159,12 @@ def interval(values: list[float]) -> tuple[float, float] | None:
 
 
 def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
-    lines = ["| env | method | after RL (mean ± std) | gain (points) | vs GRPO, paired (points, 95 % CI) | RL steps | "
-             "generated tokens | env steps | episodes | RL seconds |",
+    lines = [("| env | method | after RL (mean ± std) | gain (points) | vs GRPO, paired (points, 95 % CI) | "
+              "RL steps | generated tokens | env steps | episodes | RL seconds |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for env in envs:
         for run in runs:
-            if run not in SETTINGS[env].get("runs", RUNS):
+            if run not in SETTINGS[env].get("runs", DEFAULT_RUNS):
                 continue
             mine = [r for r in rows if r["env"] == env and r["run"] == run]
             ok = [r for r in mine if r["status"] == "ok"]
@@ -158,7 +182,7 @@ def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
                 ci = interval(diffs)
                 versus = f"{statistics.mean(diffs):+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
 
-            def mean_of(key):
+            def mean_of(key, ok=ok):
                 values = [r[key] for r in ok if key in r]
                 return f"{statistics.mean(values):,.0f}" if values else "—"
 
@@ -169,35 +193,43 @@ def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
 
 
 def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
-    """What the spread allows to claim, per method and env, from the paired intervals."""
+    """What the spread allows to claim, per method and env, from the paired intervals: against GRPO, and against
+    GRPO on a multiple of the budget where the setting has that run."""
     lines = []
     for env in envs:
+        compared = SETTINGS[env].get("runs", DEFAULT_RUNS)
         for run in runs:
-            if run == "grpo" or run not in SETTINGS[env].get("runs", RUNS):
+            if run == "grpo" or run not in compared:
                 continue
-            diffs = paired(rows, env, run)
-            ci = interval(diffs)
             skipped = [r for r in rows if r["env"] == env and r["run"] == run and r["status"] == "n/a"]
             if skipped:
                 lines.append(f"* {env}, {run}: not run ({skipped[0].get('reason', 'n/a').split(':')[0]}).")
-            elif ci is None:
-                lines.append(f"* {env}, {run}: fewer than 2 paired seeds: nothing to claim.")
-            elif ci[0] > 0:
-                lines.append(f"* {env}, {run}: above GRPO on this budget (95 % CI of the paired difference "
-                             f"[{ci[0]:+.1f}, {ci[1]:+.1f}] points excludes 0; {len(diffs)} seeds).")
-            elif ci[1] < 0:
-                lines.append(f"* {env}, {run}: below GRPO on this budget (95 % CI [{ci[0]:+.1f}, {ci[1]:+.1f}] "
-                             f"points excludes 0; {len(diffs)} seeds).")
-            else:
-                lines.append(f"* {env}, {run}: not distinguishable from GRPO (95 % CI [{ci[0]:+.1f}, {ci[1]:+.1f}] "
-                             f"points includes 0; {len(diffs)} seeds).")
+                continue
+            references = ["grpo"] + [ref for ref in compared if ref in RUN_TOKEN_SCALE and run not in RUN_TOKEN_SCALE]
+            lines += [claim(rows, env, run, reference) for reference in references]
     return "\n".join(lines)
+
+
+def claim(rows: list[dict], env: str, run: str, reference: str) -> str:
+    """One line: is `run` above, below or not distinguishable from `reference` on `env` (paired 95 % interval)?"""
+    diffs = paired(rows, env, run, reference)
+    ci = interval(diffs)
+    name = "GRPO" if reference == "grpo" else reference
+    if ci is None:
+        return f"* {env}, {run} vs {name}: fewer than 2 paired seeds: nothing to claim."
+    where = f"[{ci[0]:+.1f}, {ci[1]:+.1f}] points"
+    if ci[0] > 0:
+        return (f"* {env}, {run}: above {name} on this budget (95 % CI of the paired difference {where} excludes 0; "
+                f"{len(diffs)} seeds).")
+    if ci[1] < 0:
+        return f"* {env}, {run}: below {name} on this budget (95 % CI {where} excludes 0; {len(diffs)} seeds)."
+    return f"* {env}, {run}: not distinguishable from {name} (95 % CI {where} includes 0; {len(diffs)} seeds)."
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=["frozenlake", "sokoban"], choices=list(SETTINGS),
-                        help="settings to run (frozenlake-parallel and searchqa are opt-in: hours on 2 CPU cores)")
+                        help="settings to run (opt-in: frozenlake-parallel ~50 min, searchqa ~40 min on 2 cores)")
     parser.add_argument("--methods", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--generated_tokens", type=int, default=40_000,
@@ -228,7 +260,7 @@ def main() -> None:
                     continue
                 method, flags = RUNS[run]
                 setting = SETTINGS[env]
-                if run not in setting.get("runs", RUNS):
+                if run not in setting.get("runs", DEFAULT_RUNS):
                     continue
                 reason = NOT_COMPARABLE.get((env, run)) or unsupported_reason(setting["env"], method)
                 if reason:
@@ -236,10 +268,12 @@ def main() -> None:
                 elif args.table_only:  # (n/a rows are written: they cost nothing)
                     continue
                 else:
-                    budget = args.generated_tokens * setting.get("token_scale", 1)
-                    extra = (*flags, *setting["flags"], "--max_generated_tokens", str(budget))  # the setting wins
+                    tokens = budget(env, settings, run)
+                    extra = (*flags, *setting["flags"], "--max_generated_tokens", str(tokens))  # the setting wins
                     row = run_one(env, method, seed, args, Path(args.output_root), extra=extra, run_name=run)
+                    row["budget"] = tokens
                 row["run"], row["settings"], row["flags"] = run, settings, flags
+                row["setting_flags"] = setting["flags"]
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "settings"}), flush=True)
                 rows = merged(json_path, rows, settings)  # keep what another sweep wrote into the file meanwhile
@@ -250,9 +284,17 @@ def main() -> None:
 
 
 def current(rows: list[dict], settings: dict) -> list[dict]:
-    """The rows measured with these settings and their run's present flags (failures are retried)."""
+    """The rows measured with these settings, their run's present flags and their setting's present flags (failures
+    are retried)."""
     return [r for r in rows if r.get("settings") == settings and r["status"] != "failed"
-            and r.get("run") in RUNS and r.get("flags") == RUNS[r["run"]][1]]
+            and r.get("run") in RUNS and r.get("flags") == RUNS[r["run"]][1]
+            and r.get("setting_flags", []) == SETTINGS.get(r["env"], {}).get("flags")
+            and r.get("budget", budget(r["env"], settings, r["run"])) == budget(r["env"], settings, r["run"])]
+
+
+def budget(env: str, settings: dict, run: str = "grpo") -> int:
+    """The generated-token budget of `run` on setting `env`."""
+    return settings["generated_tokens"] * SETTINGS.get(env, {}).get("token_scale", 1) * RUN_TOKEN_SCALE.get(run, 1)
 
 
 def merged(json_path: Path, rows: list[dict], settings: dict) -> list[dict]:
@@ -267,19 +309,24 @@ def settings_text(envs: list[str], settings: dict) -> str:
     lines = []
     for env in envs:
         setting = SETTINGS[env]
-        budget = settings["generated_tokens"] * setting.get("token_scale", 1)
+        tokens = budget(env, settings)
         flags = " ".join(f"'{f}'" if " " in f or "{" in f else f for f in setting["flags"])
-        runs = ", ".join(setting.get("runs", ["every run"]))
+        runs = ", ".join(setting.get("runs", DEFAULT_RUNS))
+        scaled = [run for run in setting.get("runs", DEFAULT_RUNS) if run in RUN_TOKEN_SCALE]
         lines.append(f"* `{env}`: `{Path(setting['config']).relative_to(ROOT)}` {('`' + flags + '`') if flags else ''}"
-                     f" — {budget:,} generated tokens per run; runs: {runs}")
+                     f" — {tokens:,} generated tokens per run"
+                     + "".join(f" ({run}: {RUN_TOKEN_SCALE[run]}x)" for run in scaled) + f"; runs: {runs}")
     return "\n".join(lines)
 
 
 def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: dict,
                 name: str = "topology_compare") -> None:
-    flags = "\n".join(f"* `{run}`: `--method {RUNS[run][0]} {' '.join(RUNS[run][1])}`" for run in runs)
+    flags = "\n".join(f"* `{run}`: `--method {RUNS[run][0]} {' '.join(RUNS[run][1])}`"
+                      + (f" on {RUN_TOKEN_SCALE[run]}x the setting's token budget" if run in RUN_TOKEN_SCALE else "")
+                      for run in runs)
     (RESULTS / f"{name}.md").write_text(
-        "Held-out greedy success after the same generation budget from the same warm-started tiny model "
+        "Held-out success (greedy, or sampled where a setting sets `--eval_temperature`) after the same generation "
+        "budget from the same warm-started tiny model "
         f"(`python benchmarks/topology_compare.py`, settings {settings}; {os.cpu_count()} CPU cores). Gain = after RL "
         "minus after warm start, in points; vs GRPO = this run minus GRPO's on the same seed, in points, mean and "
         "95 % t-interval over seeds. Compute columns: what the runs used, mean over seeds.\n\n"
@@ -293,9 +340,10 @@ def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: di
 NOTES = """
 Reading:
 
-* No topology method is separated from GRPO at this budget: every paired 95 % interval includes 0. Three seeds of a
-  tiny model on 300 held-out tasks give seed-to-seed spreads of 5-16 points, so only effects of that size could show;
-  this table says what each method costs and that none of them breaks training here, not which is better.
+* On FrozenLake and Sokoban no topology method is separated from GRPO at this budget: every paired 95 % interval
+  includes 0. Three seeds of a tiny model on 300 held-out tasks give seed-to-seed spreads of 5-16 points, so only
+  effects of that size could show; this table says what each method costs and that none of them breaks training
+  here, not which is better.
 * The compute columns are what differs by design: at the same generated tokens the trees train more RL steps on
   more episodes (PATR 61 / 52 steps and 1.6-2.3x GRPO's episodes, BPO 46 / 31 steps) because forks do not regenerate
   their prefix; CANOPY trains fewer steps (its groups grow on the tasks without signal); 3SPO's adaptive search makes
@@ -305,13 +353,23 @@ Reading:
   (`3spo_adaptive_ep`, `--episode_advantage_w 1.0`, the default of the independent allocation) the loss shrinks to
   -1.3 points (seeds +3.0, -3.0, -4.0; paired -6.1 [-15.9, +3.7] against GRPO) and Sokoban stays within noise
   (+3.7): the same cure the independent allocation needed (docs/methods/3spo.md, "Our choices").
-* DPEPO and IGRPO have opt-in settings (`--envs frozenlake-parallel searchqa`) that this machine could not afford:
-  on `frozenlake-parallel` (2 copies of a 3x3 lake per turn, answers of ~50 tokens) GRPO's seed-0 run took 34 min
-  (20 RL steps, 80k generated tokens) and the tiny model's greedy success stayed 0.0 both after the parallel-format
-  warm start and after RL (its greedy answers break the format after the first turn, while sampled training
-  episodes succeed 20-27 % of the time), so a DPEPO row there would compare zeros; on `searchqa` an SFT step of the
-  warm start took 10-17 s (prompts of 250-450 tokens), hours for three seeds. Both methods are trained end to end
-  by their tests (tests/test_dpepo.py, tests/test_igrpo.py); their comparison needs a GPU or a larger model.
+* IGRPO on `searchqa` (one-hop questions, warm starts at 47-61 % held-out, 5 seeds) is the one method above GRPO at
+  equal tokens: +3.5 points [+2.0, +4.9], every seed ahead (+2.3 to +5.0). Its tree bought 66 RL steps on 4,211 leaves
+  with GRPO's tokens (forks do not regenerate their shared prefix) against 35 steps on 2,266 episodes. GRPO on twice
+  the tokens (`grpo_2x_tokens`: 70 steps, 4,480 episodes) gains as much (+4.9 [+2.0, +7.8] over GRPO) and IGRPO
+  against it is -1.4 [-4.3, +1.5]: here IGRPO's gain is what its cheaper leaves buy; its information-gain selection
+  and leaf weights show no effect of their own (a one-hop question leaves the tree one search to choose).
+* DPEPO on `frozenlake-parallel` (2 copies of the plain 4x4 lake per turn, 5 seeds) is not distinguishable from GRPO
+  on the same wrapper: -0.4 points [-6.4, +5.6] (seeds +0.7, +2.7, +4.3, -8.0, -1.7), and GRPO itself gains only
+  +3.5 points in 37 steps. The tiny policy acts in 0.94-1.27 of the 2 copies per turn and writes a valid parallel
+  answer 54-78 % of the time, so the diversity weight has little diversity to reward: its mean W is 0.96 and it
+  scales 24-30 % of the turns' negative advantages by 2 - W. On 3x3 lakes (the first version of this setting) the
+  held-out layouts are few and unlike the training ones: a warm start that solved 58 % of its validation layouts
+  solved 0 % of the held-out ones greedily and 4 % sampled, so that setting compared zeros. This one evaluates by
+  sampling (`eval_temperature` 1.0, the same seeded draws for both methods of a seed) because a greedy answer whose
+  observation does not change (a move into an ended copy) repeats until the turns run out.
+* Both opt-in settings cost minutes per run, two runs side by side on the 2 cores (SFT steps of 0.5 s, RL runs of
+  1-4 min, a warm start of 5-12 min per seed).
 * RL seconds are wall time on a shared machine (other jobs ran beside most of these runs, several times slower for
   some); compare the token, step and episode columns.
 """
