@@ -48,12 +48,17 @@ TINY_MODEL_OVERRIDES = {"bipace": ["--hidden_layer", "-1", "--cluster_epsilon", 
 
 
 def run_one(env: str, method: str, seed: int, args, output_root: Path, extra: tuple[str, ...] = (),
-            run_name: str | None = None) -> dict:
+            run_name: str | None = None, warm_flags: tuple[str, ...] = ()) -> dict:
     """One `trl-agents train` process: `method` on `env` from the (env, seed) warm start (made by the first run),
     `args.max_steps` RL steps, `extra` flags last (they win); its results row. `run_name` names its output folder
-    (default: the method)."""
+    (default: the method). The warm start's recipe (the env's config, its ENV_OVERRIDES and `warm_flags`, the
+    caller's flags that shape it, e.g. a setting's env kwargs) is written beside it; a run whose recipe differs gets a
+    failed row saying so instead of starting from a checkpoint made another way."""
     output_dir = output_root / env / f"seed-{seed}" / (run_name or method)
     warm = output_root / env / f"seed-{seed}" / "warm-start"
+    recipe = {"config": str(Path(ENV_CONFIGS[env]).resolve().relative_to(ROOT)),
+              "overrides": ENV_OVERRIDES.get(env, []), "flags": list(warm_flags)}
+    recipe_path = warm.parent / "warm-start-recipe.json"
     command = [
         sys.executable, "-m", "trl_agents.cli", "train", "--config", str(ENV_CONFIGS[env]),
         "--method", method, "--seed", str(seed), "--output_dir", str(output_dir),
@@ -62,6 +67,11 @@ def run_one(env: str, method: str, seed: int, args, output_root: Path, extra: tu
         "--disable_tqdm", "true", *TINY_MODEL_OVERRIDES.get(method, []), *extra,
     ]
     if (warm / "config.json").exists():  # every method starts from the same warm-started checkpoint
+        # (a warm start from before recipes were recorded has none and is reused as it is)
+        if recipe_path.exists() and json.loads(recipe_path.read_text()) != recipe:
+            return {"env": env, "method": method, "seed": seed, "status": "failed",
+                    "reason": f"the warm start in {warm.parent} was made with another recipe ({recipe_path.name}): "
+                              f"delete that folder to rebuild it (its runs started from the old one)"}
         command += ["--tiny_model", "false", "--model_name_or_path", str(warm), "--warm_start_steps", "0"]
     else:
         command += ENV_OVERRIDES.get(env, [])
@@ -76,6 +86,7 @@ def run_one(env: str, method: str, seed: int, args, output_root: Path, extra: tu
     if not (warm / "config.json").exists() and (output_dir / "warm-start" / "config.json").exists():
         warm.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(output_dir / "warm-start", warm)
+        recipe_path.write_text(json.dumps(recipe, indent=1))
     result = json.loads((output_dir / "eval_results.json").read_text())
     return {
         "env": env, "method": method, "seed": seed, "status": "ok",

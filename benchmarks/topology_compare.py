@@ -13,11 +13,11 @@ For every (env, seed) the tiny model is warm-started once on solver demonstratio
 the same tasks and is evaluated on the same held-out tasks (greedily, or sampled from the same seeded stream where a
 setting asks for it). Each run is a fresh `trl-agents train` process, one after the other. A method an env cannot run
 (IGRPO needs a gold answer, which FrozenLake and Sokoban lack) is reported as n/a with the reason, and so is DPEPO,
-whose success (any of K environment copies) is not the single-environment success the others are evaluated on. Two
-opt-in settings hold those two: `frozenlake-parallel` (DPEPO and GRPO on 2 parallel copies of the lake) and
-`searchqa` / `searchqa-2hop` (IGRPO and GRPO on one- and two-hop questions, plus GRPO on twice the tokens,
-`grpo_2x_tokens`: about the RL steps and episodes IGRPO's tree buys with one budget, to tell its cheaper leaves from
-its credit).
+whose success (any of K environment copies) is not the single-environment success the others are evaluated on.
+Opt-in settings hold those two: `frozenlake-parallel` and `sokoban-parallel` (DPEPO and GRPO on 2 parallel copies of
+the lake or the room), and `searchqa` / `searchqa-2hop` (IGRPO and GRPO on one- and two-hop questions, Search-QA being
+the environment with a gold answer, plus GRPO on twice the tokens, `grpo_2x_tokens`: about the RL steps and episodes
+IGRPO's tree buys with one budget, to tell its cheaper leaves from its credit).
 
 The table gives, per method and env, held-out success after RL (mean ± std over seeds), its gain over the warm
 start, the paired difference to GRPO on the same seed (mean and a 95 % t-interval over seeds), and the compute each
@@ -30,7 +30,8 @@ keeps what it measured; rerunning skips finished runs).
     python benchmarks/topology_compare.py                                    # everything, 3 seeds, 2 envs
     python benchmarks/topology_compare.py --envs frozenlake --methods grpo bpo --seeds 0
     python benchmarks/topology_compare.py --generated_tokens 60000
-    python benchmarks/topology_compare.py --generated_tokens 20000 --envs frozenlake-parallel searchqa searchqa-2hop
+    python benchmarks/topology_compare.py --generated_tokens 20000 --envs frozenlake-parallel sokoban-parallel \
+        searchqa searchqa-2hop
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ SETTINGS: dict[str, dict] = {
         # one is ~8: 10x the plain budget buys about the plain setting's number of RL steps (~40).
         "token_scale": 10,
     },
+    # Sokoban rooms (credit_compare's 5x5, one box) in 2 parallel copies: DPEPO's second environment, where a move
+    # in one room says little about the other's and the diverse-transition weight has distinct rooms to count.
+    "sokoban-parallel": {
+        "env": "parallel", "config": ENV_CONFIGS["sokoban"],
+        "flags": ["--env_name", "parallel", "--env_kwargs",
+                  json.dumps({"inner": "sokoban", "size": 5, "num_boxes": 1, "num_envs": 2, "max_history": 0,
+                              "explore_actions": ["up", "down", "left", "right"]}),
+                  "--system_prompt", ("Push the box X onto the target O, in 2 copies of the room at once. Answer "
+                                      "with a move in each copy you choose, e.g. "
+                                      "<parallel><env_1>down</env_1><env_2>right</env_2></parallel>."),
+                  "--max_completion_length", "56", "--history_length", "0", "--max_turns", "8",
+                  "--eval_temperature", "1.0",  # (as on frozenlake-parallel)
+                  "--per_device_train_batch_size", "32"],
+        "runs": ["grpo", "dpepo", "grpo_2x_tokens", "dpepo_2x_tokens"],  # (GRPO gains ~0.5 points at one budget)
+        "token_scale": 10,  # (as on frozenlake-parallel: a parallel turn is ~25 tokens where a plain move is 1-2)
+    },
     # One-hop Search-QA questions: the setting with a gold answer, where IGRPO's information gain is defined.
     "searchqa": {"env": "searchqa", "config": ROOT / "configs" / "grpo_searchqa_tiny.yaml", "flags": [],
                  "runs": ["grpo", "igrpo", "grpo_2x_tokens"],
@@ -91,6 +108,10 @@ for _name, _setting in SETTINGS.items():  # the runner looks settings up by name
 ENV_OVERRIDES.setdefault("frozenlake-parallel", ["--warm_start_steps", "400", "--warm_start_min_steps", "250",
                                                  "--warm_start_target_success", "0.45", "--warm_start_eval_every",
                                                  "50", "--warm_start_val_tasks", "50"])
+# Sokoban's warm start (credit_compare's, on 500 rooms) aiming higher: a task counts when either room is solved.
+ENV_OVERRIDES.setdefault("sokoban-parallel", ["--warm_start_steps", "600", "--warm_start_min_steps", "200",
+                                              "--warm_start_target_success", "0.45", "--warm_start_eval_every", "50",
+                                              "--warm_start_tasks", "500", "--warm_start_val_tasks", "50"])
 # Search-QA's config stops its warm start at 300 steps, where the tiny model answers 10 % of validation questions and
 # GRPO's groups are nearly all failures (34 RL steps, no gain); SFT steps cost 0.5 s here, so it may go on to 1000.
 ENV_OVERRIDES.setdefault("searchqa", ["--warm_start_steps", "1000", "--warm_start_min_steps", "300",
@@ -129,9 +150,13 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     # GRPO on twice the tokens: about the RL steps and episodes a tree buys with one budget (IGRPO on Search-QA),
     # to tell a tree's cheaper leaves from its credit.
     "grpo_2x_tokens": ("grpo", ["--num_generations", "8", "--per_device_train_batch_size", "64"]),
+    # DPEPO on twice the tokens, against GRPO on twice the tokens: where GRPO's own gain at one budget is small.
+    "dpepo_2x_tokens": ("dpepo", ["--num_generations", "8", "--per_device_train_batch_size", "64"]),
 }
 # Runs whose budget is a multiple of the setting's.
-RUN_TOKEN_SCALE = {"grpo_2x_tokens": 2}
+RUN_TOKEN_SCALE = {"grpo_2x_tokens": 2, "dpepo_2x_tokens": 2}
+# The run each is paired with: GRPO on the same budget (grpo_2x_tokens itself is paired with GRPO on one budget).
+REFERENCE = {"dpepo_2x_tokens": "grpo_2x_tokens"}
 # The runs a setting without its own "runs" list compares.
 DEFAULT_RUNS = [run for run in RUNS if run not in RUN_TOKEN_SCALE]
 
@@ -139,7 +164,7 @@ DEFAULT_RUNS = [run for run in RUNS if run not in RUN_TOKEN_SCALE]
 NOT_COMPARABLE = {
     ("frozenlake", "dpepo"): "runs on frozenlake-parallel: its episodes act in K copies of the task and succeed when "
                              "any copy does, against GRPO on the same parallel wrapper",
-    ("sokoban", "dpepo"): "runs on frozenlake-parallel (K copies per turn), against GRPO on the same wrapper",
+    ("sokoban", "dpepo"): "runs on sokoban-parallel (K copies per turn), against GRPO on the same wrapper",
 }
 
 
@@ -183,7 +208,7 @@ def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
             after = [r["after"] for r in ok]
             spread = f" ± {statistics.stdev(after):.3f}" if len(after) > 1 else ""
             gain = statistics.mean(100 * (r["after"] - r["before"]) for r in ok)
-            diffs = paired(rows, env, run)
+            diffs = paired(rows, env, run, REFERENCE.get(run, "grpo"))
             if run == "grpo" or not diffs:
                 versus = "—"
             else:
@@ -201,8 +226,9 @@ def table(rows: list[dict], runs: list[str], envs: list[str]) -> str:
 
 
 def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
-    """What the spread allows to claim, per method and env, from the paired intervals: against GRPO, and against
-    GRPO on a multiple of the budget where the setting has that run."""
+    """What the spread allows to claim, per method and env, from the paired intervals: against GRPO on the same
+    budget, and against GRPO on a multiple of the budget where the setting has that run and no twin of this one on
+    that multiple."""
     lines = []
     for env in envs:
         compared = SETTINGS[env].get("runs", DEFAULT_RUNS)
@@ -213,7 +239,12 @@ def reading(rows: list[dict], runs: list[str], envs: list[str]) -> str:
             if skipped:
                 lines.append(f"* {env}, {run}: not run ({skipped[0].get('reason', 'n/a').split(':')[0]}).")
                 continue
-            references = ["grpo"] + [ref for ref in compared if ref in RUN_TOKEN_SCALE and run not in RUN_TOKEN_SCALE]
+            references = [REFERENCE.get(run, "grpo")]
+            # GRPO on a multiple of the budget, for a run without its own twin on that budget (IGRPO: what its
+            # cheaper leaves buy; DPEPO has dpepo_2x_tokens against grpo_2x_tokens instead)
+            twin = any(RUNS[other][0] == RUNS[run][0] for other in compared if other in REFERENCE)
+            if run not in RUN_TOKEN_SCALE and not twin:
+                references += [ref for ref in compared if ref in RUN_TOKEN_SCALE and ref not in REFERENCE]
             lines += [claim(rows, env, run, reference) for reference in references]
     return "\n".join(lines)
 
@@ -278,8 +309,10 @@ def main() -> None:
                 else:
                     tokens = budget(env, settings, run)
                     extra = (*flags, *setting["flags"], "--max_generated_tokens", str(tokens))  # the setting wins
-                    row = run_one(env, method, seed, args, Path(args.output_root), extra=extra, run_name=run)
+                    row = run_one(env, method, seed, args, Path(args.output_root), extra=extra, run_name=run,
+                                  warm_flags=tuple(setting["flags"]))
                     row["budget"] = tokens
+                row["warm_start_overrides"] = ENV_OVERRIDES.get(env, [])
                 row["run"], row["settings"], row["flags"] = run, settings, flags
                 row["setting_flags"] = setting["flags"]
                 rows.append(row)
@@ -292,11 +325,12 @@ def main() -> None:
 
 
 def current(rows: list[dict], settings: dict) -> list[dict]:
-    """The rows measured with these settings, their run's present flags and their setting's present flags (failures
-    are retried)."""
+    """The rows measured with these settings, their run's present flags, their setting's present flags and its present
+    warm-start overrides (failures are retried; rows from before a field was recorded count as matching it)."""
     return [r for r in rows if r.get("settings") == settings and r["status"] != "failed"
             and r.get("run") in RUNS and r.get("flags") == RUNS[r["run"]][1]
             and r.get("setting_flags", []) == SETTINGS.get(r["env"], {}).get("flags")
+            and r.get("warm_start_overrides", ENV_OVERRIDES.get(r["env"], [])) == ENV_OVERRIDES.get(r["env"], [])
             and r.get("budget", budget(r["env"], settings, r["run"])) == budget(r["env"], settings, r["run"])]
 
 
@@ -336,8 +370,9 @@ def write_table(rows: list[dict], runs: list[str], envs: list[str], settings: di
         "Held-out success (greedy, or sampled where a setting sets `--eval_temperature`) after the same generation "
         "budget from the same warm-started tiny model "
         f"(`python benchmarks/topology_compare.py`, settings {settings}; {os.cpu_count()} CPU cores). Gain = after RL "
-        "minus after warm start, in points; vs GRPO = this run minus GRPO's on the same seed, in points, mean and "
-        "95 % t-interval over seeds. Compute columns: what the runs used, mean over seeds.\n\n"
+        "minus after warm start, in points; vs GRPO = this run minus GRPO's on the same seed (dpepo_2x_tokens: minus "
+        "grpo_2x_tokens'), in points, mean and 95 % t-interval over seeds. Compute columns: what the runs used, mean "
+        "over seeds.\n\n"
         + table(rows, runs, envs) + "\n\nRuns (on top of the env's config):\n\n" + flags
         + "\n\nSettings (flags on top of the config, for every run of the setting):\n\n" + settings_text(envs, settings)
         + "\n\nWhat the spread allows to claim:\n\n" + reading(rows, runs, envs) + "\n" + NOTES

@@ -41,13 +41,14 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import random
-from collections.abc import Sequence
+# (imported after the variables above are set)
+import random  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 
-import pytest
+import pytest  # noqa: E402
 
-from trl_agents.envs import AgentEnv, register_env
-from trl_agents.rollout.generators import GenerationOutput, SamplingParams
+from trl_agents.envs import AgentEnv, register_env  # noqa: E402
+from trl_agents.rollout.generators import GenerationOutput, SamplingParams  # noqa: E402
 
 
 @register_env

@@ -34,8 +34,8 @@ ACCELERATE_CONFIG = REPOSITORY / "configs" / "accelerate" / "cpu_2proc.yaml"
 TIMING_KEYS = ("step_time", "_seconds", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import checkout_env, free_port
-from multiprocess_worker import CASES, NUM_GENERATIONS
+from helpers import checkout_env, free_port  # noqa: E402 (after the sys.path entry above)
+from multiprocess_worker import CASES, NUM_GENERATIONS  # noqa: E402
 
 
 def _run(command: list[str]) -> None:
