@@ -15,9 +15,10 @@ setting asks for it). Each run is a fresh `trl-agents train` process, one after 
 (IGRPO needs a gold answer, which FrozenLake and Sokoban lack) is reported as n/a with the reason, and so is DPEPO,
 whose success (any of K environment copies) is not the single-environment success the others are evaluated on.
 Opt-in settings hold those two: `frozenlake-parallel` and `sokoban-parallel` (DPEPO and GRPO on 2 parallel copies of
-the lake or the room), and `searchqa` / `searchqa-2hop` (IGRPO and GRPO on one- and two-hop questions, Search-QA being
-the environment with a gold answer, plus GRPO on twice the tokens, `grpo_2x_tokens`: about the RL steps and episodes
-IGRPO's tree buys with one budget, to tell its cheaper leaves from its credit).
+the lake or the room; on the room both also on twice the tokens, `dpepo_2x_tokens` against `grpo_2x_tokens`), and
+`searchqa` / `searchqa-2hop` (IGRPO and GRPO on one- and two-hop questions, Search-QA being the environment with a
+gold answer, plus GRPO on twice the tokens, `grpo_2x_tokens`: about the RL steps and episodes IGRPO's tree buys with
+one budget, to tell its cheaper leaves from its credit).
 
 The table gives, per method and env, held-out success after RL (mean ± std over seeds), its gain over the warm
 start, the paired difference to GRPO on the same seed (mean and a 95 % t-interval over seeds), and the compute each
@@ -352,8 +353,9 @@ def settings_text(envs: list[str], settings: dict) -> str:
         setting = SETTINGS[env]
         tokens = budget(env, settings)
         flags = " ".join(f"'{f}'" if " " in f or "{" in f else f for f in setting["flags"])
-        runs = ", ".join(setting.get("runs", DEFAULT_RUNS))
-        scaled = [run for run in setting.get("runs", DEFAULT_RUNS) if run in RUN_TOKEN_SCALE]
+        compared = setting.get("runs", DEFAULT_RUNS)
+        runs = ", ".join(compared)
+        scaled = [run for run in compared if run in RUN_TOKEN_SCALE]
         lines.append(f"* `{env}`: `{Path(setting['config']).relative_to(ROOT)}` {('`' + flags + '`') if flags else ''}"
                      f" — {tokens:,} generated tokens per run"
                      + "".join(f" ({run}: {RUN_TOKEN_SCALE[run]}x)" for run in scaled) + f"; runs: {runs}")
