@@ -63,7 +63,7 @@ def engine_with(tokenizer, scripted, policy, topology, signal_fn):
 def test_the_topology_is_registered_and_checks_its_options():
     assert TOPOLOGIES["token_branching"] is TokenBranchingTopology
     assert get_topology("token_branching", rollouts_per_task=4).model_signals == (POLICY_LOGPROBS,)
-    for bad in ({"rollouts_per_task": 0}, {"score": "random"}, {"decay_rate": 0.0}, {"value_clip": 1.0}):
+    for bad in ({"rollouts_per_task": 0}, {"score": "random"}, {"gamma": 0.0}, {"gamma": 1.5}, {"value_clip": 1.0}):
         with pytest.raises(ValueError):
             TokenBranchingTopology(**bad)
 
@@ -96,8 +96,8 @@ def test_branches_continue_the_best_token_of_each_initial_rollout(tokenizer, scr
 
 
 def test_the_future_value_moves_the_split_point(tokenizer, scripted):
-    # Same H = [3, 1, 2, 1]; log-ratios Δ = [−0.15, 0, 0.1, 0], γ = 2^(−1/64) = .98923: suffix sums
-    # [−.0522, .0989, .1, 0] -> Ω = [.949, 1.104, 1.105, 1.0]. z(Ω) at position 0 is negative: not eligible; position 2
+    # Same H = [3, 1, 2, 1]; log-ratios Δ = [−0.15, 0, 0.1, 0], γ = 1 (the released branching's): suffix sums
+    # [−.05, .1, .1, 0] -> Ω = [.951, 1.105, 1.105, 1.0]. z(Ω) at position 0 is negative: not eligible; position 2
     # (z(H) > 0, z(Ω) > 0) is the only split point: step 1, token 0.
     topology = TokenBranchingTopology(rollouts_per_task=3)
     engine, _ = engine_with(tokenizer, scripted, lambda *a: "a", topology,
@@ -291,6 +291,7 @@ def test_config_checks_and_registry(tmp_path):
                        ({"appo_future_kl_clip": 1.5}, "appo_future_kl_clip"),
                        ({"appo_prefix_decay": 2.0}, "appo_prefix_decay"),
                        ({"appo_future_kl_weight": -1.0}, "appo_future_kl_weight"),
+                       ({"appo_branch_gamma": 0.0}, "appo_branch_gamma"),
                        ({"topology": "branching"}, "token_branching")):
         with pytest.raises(ValueError, match=match):
             appo_config(tmp_path, **bad)
@@ -298,4 +299,7 @@ def test_config_checks_and_registry(tmp_path):
     method = METHODS["appo"]
     assert method.trainer_class is APPOTrainer and method.paper == "arXiv 2606.12384"
     assert method.env_capabilities == ("snapshot",) and POLICY_LOGPROBS in method.signals
-    assert math.isclose(APPOConfig(output_dir=str(tmp_path)).appo_future_decay_rate, 64.0)
+    config = APPOConfig(output_dir=str(tmp_path))
+    assert math.isclose(config.appo_future_decay_rate, 64.0)  # FutureKL's γ = 2^(−1/64) in the loss
+    assert config.appo_branch_gamma == 1.0  # Ω's γ at branching: the released launchers' algorithm.gamma
+    assert APPOTrainer.topology_options(config)["gamma"] == 1.0

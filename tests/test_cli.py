@@ -168,6 +168,18 @@ def test_bad_settings_are_one_line_errors_and_leave_no_output_dir(tmp_path, caps
     assert not (tmp_path / "out").exists()  # nothing written before the settings were known to be good
 
 
+def test_a_method_refuses_a_value_for_a_field_it_fixes(tmp_path, capsys):
+    # grpo_opsd is SDAR with the gate off (sdar_gate_beta = 0): a config that sets the gate would run gated SDAR
+    # recorded as grpo_opsd. The SDAR tiny config sets sdar_gate_beta 5.0.
+    config = os.path.join(os.path.dirname(__file__), "..", "configs", "sdar_searchqa_tiny.yaml")
+    message = _error_line(capsys, ["train", "--config", config, "--method", "grpo_opsd"])
+    assert "method 'grpo_opsd' fixes sdar_gate_beta=0.0" in message and "sdar_gate_beta=5.0" in message
+    assert "--method sdar" in message
+    message = _error_line(capsys, ["train", "--config", write_config(tmp_path, method="dr_grpo"), "--loss_type", "dapo"])
+    assert "method 'dr_grpo' fixes loss_type='dr_grpo'" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_config_files_are_one_line_errors(tmp_path, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text("method: gigpo\nenv_name: [frozenlake\nmax_steps: 2\n")

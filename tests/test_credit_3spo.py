@@ -27,6 +27,7 @@ from trl_agents.credit.sspo import (
     sspo_step_rewards,
 )
 from trl_agents.envs import AgentEnv, register_env
+from trl_agents.signals import Transition
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS, get_method
 from trl_agents.trainers import sspo as trainer_sspo
@@ -113,6 +114,39 @@ def test_terminal_score_unseen():
     # Every last step of the hand case is a singleton, so the advantages do not change.
     assert_close(sspo_advantages(hand_group(), table=hand_table(), terminal_score="unseen"),
                  sspo_advantages(hand_group(), table=hand_table()))
+
+
+def keyed(state: str, reached: str | None = None, reward: float = 0.0) -> Step:
+    """A step acting from state key `state`; `reached`: the `state_key` signal's key after its action."""
+    recorded = Step(observation=f"view of {state}", action_text="act", reward=reward, state_key=state)
+    if reached is not None:
+        recorded.signals["state_key"] = Transition(state, reached)
+    return recorded
+
+
+def test_the_state_after_the_last_action_is_looked_up_in_the_table():
+    # The 3SPO code scores s_{t+1} from its table whatever it is (compute_3spo_step_reward: get_score(h(next obs))).
+    # Hand table as above. A: s0 -> s1 -> (its last action reaches "goal", never seen: S = 1), success.
+    # B: s0 -> s1 -> (reaches s2: N = 12, N⁺ = 0, S = 0), failure; no episode of the group acts from s2.
+    #   A0 = B0 = 0.3351600 + 0.1648400 x (0.4472137 - 0.2000002) = 0.3759107   (siblings at s0: A = 0)
+    #   A1 = ω(s1)·1 + (0.5 - ω(s1))·(S(s1) - S(goal)) + 0.5 = 0.4093654 + 0.0906346 x (0.2000002 - 1) + 0.5 = 0.8368577
+    #   B1 = 0.4093654 + 0.0906346 x (0.2000002 - 0) = 0.4274923
+    #   siblings at s1: mean 0.6321750 -> mean_norm A1 = +0.2046827, B1 = -0.2046827.
+    # (Before: S(s_t+1) := S(s_t) for a state nobody of the group acted from: A1 = 0.9093654, B1 = 0.4093654, ±0.25.)
+    group = group_of(episode(keyed("s0"), keyed("s1", reached="goal", reward=1.0), success=True),
+                     episode(keyed("s0"), keyed("s1", reached="s2")))
+    rewards, _ = sspo_step_rewards(group, hand_table())
+    assert_close(rewards, [[0.3759107, 0.8368577], [0.3759107, 0.4274923]])
+    assert_close(sspo_advantages(group, table=hand_table()), [[0.0, 0.2046827], [0.0, -0.2046827]])
+    # terminal_score only applies where nothing is recorded: it changes nothing here.
+    assert sspo_step_rewards(group, hand_table(), terminal_score="unseen")[0] == rewards
+    # An action that leaves the state unchanged (s1 -> s1) is not novel: 0 + 0.0906346 x (S(s1) - S(s1)) = 0.
+    stuck = group_of(episode(keyed("s0"), keyed("s1", reached="s1")))
+    assert_close(sspo_step_rewards(stuck, hand_table())[0], [[0.3759107, 0.0]])
+    # Without state keys, h(s) is the observation: the next observation is looked up (s2's S = 0 again).
+    last = step("s1")
+    last.next_observation = "s2"
+    assert_close(sspo_step_rewards(group_of(episode(step("s0"), last)), hand_table())[0], [[0.3759107, 0.4274923]])
 
 
 def test_hand_computed_advantages():
@@ -271,7 +305,7 @@ def test_config_validation(tmp_path):
     assert config().invalid_action_penalty == 0.1
     for field, value in [("state_scope", "world"), ("sspo_mode", "std"), ("score_alpha", -1.0), ("score_xi", -1.0),
                          ("score_zeta", float("nan")), ("omega_k", -0.1), ("score_eps", 0.0),
-                         ("episode_advantage_w", float("inf")), ("terminal_score", "final")]:
+                         ("episode_advantage_w", float("inf"))]:
         with pytest.raises(ValueError, match=field):
             config(**{field: value})
 
@@ -347,6 +381,11 @@ def test_two_training_steps(tiny_model, tokenizer, tmp_path):
     assert all(visits in (4, 8) for visits, _ in counts.values()) and sum(v for v, _ in counts.values()) == 32
     group = trainer.last_rollout.groups[0]
     assert trainer.state_scores.visits((group.task["seed"], 0), group.task_id) in (4, 8)
+    # The rollout records the state each action reached (the `state_key` signal): the last step of an episode too.
+    for trajectory in group.trajectories:
+        last = trajectory.steps[-1]
+        assert last.signals["state_key"].before == last.state_key
+        assert last.signals["state_key"].after == (group.task["seed"], len(trajectory.steps))
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ def test_future_value_discounts_with_gamma_and_clamps_the_exponent():
     assert gamma == pytest.approx(2 ** (-1 / 64))
     # Δ = [0, 0.2]: S_0 = γ·0.2 = 0.19785, S_1 = 0.2
     assert future_values([0.0, 0.2], gamma=gamma, epsilon=None) == pytest.approx([math.exp(gamma * 0.2), math.exp(0.2)])
+    # the default γ is the released branching's algorithm.gamma = 1: S_0 = 0 + 0.2
+    assert future_values([0.0, 0.2], epsilon=None) == pytest.approx([math.exp(0.2), math.exp(0.2)])
     # exponent clamped to ±20: no inf
     assert future_values([1000.0], gamma=1.0, epsilon=None) == [pytest.approx(math.exp(20.0))]
     assert future_values([], gamma=1.0) == []
@@ -94,49 +96,71 @@ def test_prefix_scale_of_the_acceptance_case():
 
 
 def test_group_zscores_guards():
-    # [1, 0, 0, 1]: μ = .5, Bessel σ = .57735 -> ±.866
-    assert group_zscores([1.0, 0.0, 0.0, 1.0], eps=0.0) == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025])
+    # [1, 0, 0, 1]: μ = .5, population σ = .5 (the released compute_appo_advantage: std(correction=0)) -> ±1
+    assert group_zscores([1.0, 0.0, 0.0, 1.0], eps=0.0) == pytest.approx([1.0, -1.0, -1.0, 1.0])
     assert group_zscores([]) == [] and group_zscores([3.0]) == [0.0] and group_zscores([2.0, 2.0]) == [0.0, 0.0]
 
 
-def rollout(episode_id, reward, actions, parent=None, fork_step=0, valid=True):
+def rollout(episode_id, reward, actions, parent=None, fork_step=0, valid=True, rewards=None):
     steps = [Step("o", "x", action_ids=list(ids), reward=0.0, valid=valid) for ids in actions]
-    steps[-1].reward = reward
+    for step, value in zip(steps, rewards or [0.0] * len(steps)):
+        step.reward = value
+    if rewards is None:
+        steps[-1].reward = reward
     return Trajectory(task={}, steps=steps, episode_id=episode_id, parent_id=parent, fork_step=fork_step)
 
 
+def test_audit_case_matches_the_released_code():
+    # 4 initial rollouts, R = [1, 0, 0, 0], one step of 6 tokens each (the reward on token 5); rollout 0 has two
+    # branches (split at tokens 2 and 4, BS 1.0 and 0.5), both returning 0.
+    # Released code: M acts on the token rewards; rollout 0's reward token 5 lies after both splits, so M̄ = 1 there and
+    # R' = R. z-scores with the population σ: μ = .25, σ = √(.1875) = .43301 -> A_o = [1.7321, −.5774, −.5774, −.5774];
+    # the branch group [0, 0] has A_b = 0, so the prefix credit A_o + mean A_b = A_o: rollout 0 is 1.7321 on all six.
+    # (Before this fix: Bessel σ gave 1.5 and M multiplied the prefix: [2.3535, 2.4484, 2.5537, 2.175, 2.25, 1.5].)
+    tokens = [[1, 2, 3, 4, 5, 6]]
+    init = [rollout(i, r, tokens) for i, r in enumerate((1.0, 0.0, 0.0, 0.0))]
+    branches = [rollout(4, 0.0, tokens, parent=0), rollout(5, 0.0, tokens, parent=0)]
+    for branch in branches:
+        branch.steps[0] = init[0].steps[0]
+    points = [BranchPoint(0, 4, 0, 0, 2, 2, 1.0, (1, 2, 3)), BranchPoint(0, 5, 0, 0, 4, 4, 0.5, (1, 2, 3, 4, 5))]
+    advantages, stats = appo_advantages(Group(task={}, trajectories=init + branches), points)
+    assert advantages[0][0] == pytest.approx([1.7320508] * 6, abs=1e-5)
+    assert advantages[1] == [pytest.approx(-0.5773503, abs=1e-5)]
+    assert advantages[4:] == [[0.0], [0.0]]
+    assert stats["mean_reward_scale"] == 1.0  # every reward token lies after the splits
+
+
 def test_dual_group_credit_by_hand():
-    # Init rollouts 0 (R = 1) and 1 (R = 0): A_o = ±0.7071. Branches 2 (of 0, R = 0) and 3 (of 0, R = 1) and 4 (of 1,
-    # R = 1): branch group [0, 1, 1], μ = 2/3, Bessel σ = .57735 -> [−1.1547, .57735, .57735].
-    init0 = rollout(0, 1.0, [[5, 6], [7, 8, 9]])
-    init1 = rollout(1, 0.0, [[5, 6], [7, 8, 9]])
-    b2 = rollout(2, 0.0, [[5, 6], [7, 1, 1]], parent=0, fork_step=1)
-    b2.steps[0] = init0.steps[0]  # the shared step (the same object)
-    b3 = rollout(3, 1.0, [[5, 6], [7, 8, 2]], parent=0, fork_step=1)
-    b3.steps[0] = init0.steps[0]
-    b4 = rollout(4, 1.0, [[5, 3]], parent=1, fork_step=0)
-    group = Group(task={}, trajectories=[init0, init1, b2, b3, b4])
-    points = [
-        BranchPoint(0, 2, 0, 1, 0, 2, 2.0, (7,)),  # step 1 token 0 = position 2 of origin 0, BS 2 (= BS_max)
-        BranchPoint(0, 3, 0, 1, 1, 3, 1.0, (7, 8)),  # position 3, BS 1
-        BranchPoint(0, 4, 1, 0, 0, 0, 2.0, (5,)),  # origin 1, position 0, BS 2
-    ]
+    # Three initial rollouts of two steps ([5, 6, 7] then [8, 9]: the steps' rewards sit on positions 2 and 4):
+    # o0 rewards [.5, .5], o1 [0, 0], o2 [0, 1]. Branches: b3 of o0 split at position 3 (step 1, token 0), BS 1,
+    # return 0; b4 of o1 split at position 0, BS .5, return 1.
+    # Reward scale (released apply_appo_reward_scale_M, BS_max = 1): o0's only branch gives M(τ) = 1 + .9^(3 − τ) for
+    # τ ≤ 3, 1 after: M(2) = 1.9, M(4) = 1, so R'_0 = .5·1.9 + .5·1 = 1.45; o1's rewards are 0: R'_1 = 0; R'_2 = 1.
+    # Initial z-scores (population σ, ε = 0): μ = .81667, σ = .60599 -> A = [1.04512, −1.34766, .30254].
+    # Branch z-scores [0, 1] -> A_b = [−1, +1].
+    # o0: positions 0..3 get A_o + A_b3 = .04512, position 4 keeps 1.04512; o1: position 0 gets −1.34766 + 1 = −.34766.
+    init0 = rollout(0, 0.0, [[5, 6, 7], [8, 9]], rewards=[0.5, 0.5])
+    init1 = rollout(1, 0.0, [[5, 6, 7], [8, 9]])
+    init2 = rollout(2, 0.0, [[5, 6, 7], [8, 9]], rewards=[0.0, 1.0])
+    b3 = rollout(3, 0.0, [[5, 6, 7], [8, 1]], parent=0, fork_step=1)
+    b3.steps[0] = init0.steps[0]  # the shared step (the same object)
+    b4 = rollout(4, 1.0, [[5, 2, 2]], parent=1, fork_step=0)
+    group = Group(task={}, trajectories=[init0, init1, init2, b3, b4])
+    points = [BranchPoint(0, 3, 0, 1, 0, 3, 1.0, (8,)), BranchPoint(0, 4, 1, 0, 0, 0, 0.5, (5,))]
     advantages, stats = appo_advantages(group, points, eps=0.0)
-    a_o = 1 / math.sqrt(2)
-    a2, a3 = -2 / math.sqrt(3), 1 / math.sqrt(3)
-    # Origin 0, positions 0..3. Position τ ≤ 2: both branches cover it; M_2 = 1 + 1·.9^(2−τ), M_3 = 1 + .5·.9^(3−τ).
-    def both(tau):
-        return (a_o + (a2 + a3) / 2) * ((1 + 0.9 ** (2 - tau)) + (1 + 0.5 * 0.9 ** (3 - tau))) / 2
-    expected0 = [[both(0), both(1)], [both(2), (a_o + a3) * 1.5, a_o]]  # position 3: branch 3 only, M = 1 + .5
-    assert advantages[0][0] == pytest.approx(expected0[0]) and advantages[0][1] == pytest.approx(expected0[1])
-    # e.g. position 0: (.7071 − .2887)·(1.81 + 1.3645)/2 = .4184·1.58725 = .6641
-    assert advantages[0][0][0] == pytest.approx(0.6641, abs=1e-4)
-    # Origin 1: position 0 covered by branch 4 (M = 2): (−.7071 + .5774)·2; its other tokens keep −.7071.
-    assert advantages[1][0] == pytest.approx([(-a_o + a3) * 2.0, -a_o])
-    assert advantages[1][1] == pytest.approx(-a_o)
-    assert advantages[2:] == [[0.0, 0.0], [0.0, 0.0], [0.0]]  # branches train nothing
-    assert stats["branches"] == 3 and stats["init_rollouts"] == 2 and stats["branch_points"] == 3
-    assert stats["prefix_tokens"] == 5  # 4 of origin 0, 1 of origin 1
+    assert advantages[0][0] == pytest.approx([0.0451241] * 3, abs=1e-6)
+    assert advantages[0][1] == pytest.approx([0.0451241, 1.0451241], abs=1e-6)
+    assert advantages[1][0] == pytest.approx([-0.3476600, -1.3476600, -1.3476600], abs=1e-6)
+    assert advantages[1][1] == pytest.approx(-1.3476600, abs=1e-6)
+    assert advantages[2] == pytest.approx([0.3025359, 0.3025359], abs=1e-6)
+    assert advantages[3:] == [[0.0, 0.0], [0.0]]  # branches train nothing
+    assert stats["branches"] == 2 and stats["init_rollouts"] == 3 and stats["branch_points"] == 2
+    assert stats["prefix_tokens"] == 5  # 4 of o0, 1 of o1
+    # BS_max is the batch's (here 2, from another task): M(2) = 1 + (1/2)·.9 = 1.45, R'_0 = .725 + .5 = 1.225,
+    # μ = .74167, σ = .53243 -> A = [.90780, −1.39301, .48520].
+    advantages, _ = appo_advantages(group, points, score_max=2.0, eps=0.0)
+    assert advantages[0][1] == pytest.approx([0.9078027 - 1.0, 0.9078027], abs=1e-6)
+    assert advantages[2] == pytest.approx([0.4852049, 0.4852049], abs=1e-6)
 
 
 def test_dual_group_credit_guards():
@@ -147,11 +171,11 @@ def test_dual_group_credit_guards():
     assert advantages == [[0.0], [0.0]] and stats["branch_points"] == 0
     assert appo_advantages(Group(task={}, trajectories=[]), []) == ([], {
         "init_rollouts": 0.0, "branches": 0.0, "branch_points": 0.0, "init_success_rate": 0.0,
-        "branch_success_rate": 0.0, "mean_prefix_scale": 1.0, "prefix_tokens": 0.0})
-    # invalid steps of init rollouts pay λ after the scaling
+        "branch_success_rate": 0.0, "mean_reward_scale": 1.0, "prefix_tokens": 0.0})
+    # invalid steps of init rollouts pay λ after the z-score: [1, 0] -> ±1 (population σ = .5)
     group = Group(task={}, trajectories=[rollout(0, 1.0, [[1]], valid=False), rollout(1, 0.0, [[1]])])
     advantages, _ = appo_advantages(group, [], eps=0.0, invalid_penalty=0.1)
-    assert advantages == [[pytest.approx(1 / math.sqrt(2) - 0.1)], [pytest.approx(-1 / math.sqrt(2))]]
+    assert advantages == [[pytest.approx(0.9)], [pytest.approx(-1.0)]]
     with pytest.raises(ValueError, match="non-finite"):
         appo_advantages(Group(task={}, trajectories=[rollout(0, math.nan, [[1]])]), [])
 

@@ -124,6 +124,32 @@ def test_gate_opens_when_the_aligned_rows_win():
     assert stats["gate"][0] == pytest.approx(1 - 0.379932, abs=1e-6) and stats["tva"][0] == pytest.approx(0.244919, abs=1e-6)
 
 
+def test_a_tiny_return_spread_is_inflated_by_the_reference_epsilon():
+    # The hazard inherited from verl's z-score: returns 1 and 1 + 1e-5 (two one-step rows, ℓ^T as in the hand case).
+    # μ = 1 + 5e-6, Bessel σ = 7.0711e-6: z = ±5e-6/(7.0711e-6 + 1e-6) = ±0.61981, and σ ≥ 1e-6 switches the teacher
+    # term on. With TRL's ε = 1e-4 (`adrs_std_eps`): z = ±5e-6/(7.0711e-6 + 1e-4) = ±0.04670 and the term stays off
+    # (σ < 1e-4): the advantages are z alone.
+    tiny = group([step([-1.0, -3.0], reward=1.0 + 1e-5)], [step([-0.5, -1.5], reward=1.0)])
+    advantages, stats = adrs_advantages([tiny])
+    assert stats["teacher_groups"] == (1.0, 1.0)
+    assert all(abs(abs(a) - 0.61981) < 0.02 for a in flat(advantages[0])[0])  # ±0.62 plus the teacher term (≤ 0.02)
+    advantages, stats = adrs_advantages([tiny], std_eps=1e-4)
+    assert stats["teacher_groups"] == (0.0, 1.0)
+    assert close(flat(advantages[0]), [[0.04670, 0.04670], [-0.04670, -0.04670]], abs=1e-5)
+
+
+def test_the_released_gate_changes_the_advantages_by_less_than_a_millionth():
+    # The released variant re-standardises the teacher term inside each group, so the gate m (a positive constant
+    # per group) cancels up to the +1e-8 of the standardisation: τ = 2 (gate .379932 on the hand case) and
+    # τ = 1e-6 (gate ≈ .5) give the same advantages to 1e-6; the paper variant keeps m (it moves them by ~1e-3).
+    def run(tau, variant):
+        return [a for traj in flat(adrs_advantages([hand_group()], tau=tau, variant=variant)[0][0]) for a in traj]
+
+    released = max(abs(a - b) for a, b in zip(run(2.0, "released"), run(1e-6, "released"), strict=True))
+    paper = max(abs(a - b) for a, b in zip(run(2.0, "paper"), run(1e-6, "paper"), strict=True))
+    assert released < 1e-6 and paper > 1e-4
+
+
 def test_global_normalize_mode():
     # centred scores of the batch [1, −1, 0.5, −0.5]: Bessel std sqrt(2.5/3) = 0.912871 → r̂_A = ±1.095445, r̂_B = ±0.547723
     advantages, _ = adrs_advantages([hand_group()], eta=0.02, variant="paper", normalize_mode="global")

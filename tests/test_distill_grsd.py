@@ -32,6 +32,18 @@ def test_hand_case_of_the_turn_level_modulation():
     assert turn_modulation([1.0, -1.0], [0.2, 0.1], g_max=3.0) == pytest.approx([1.69940, 0.69939], abs=1e-4)
 
 
+def test_gaps_at_noise_level_get_the_full_modulation_unless_a_floor_is_set():
+    # The hazard inherited from the reference: A = [+1, −1], δ = [2e-6, 1e-6] (the rounding of a bf16 forward):
+    # e ≈ δ·sign(A) = [2e-6, −1e-6], mean|e| = 1.5e-6, ν = e/(1.5e-6 + 1e-6) = [0.8, −0.4], ĝ = clip(ν, ±0.2) =
+    # [0.2, −0.2]: factors [1.1, 0.9] — exactly the modulation of real gaps (the hand case above).
+    assert turn_modulation([1.0, -1.0], [2e-6, 1e-6]) == pytest.approx([1.1, 0.9], abs=1e-6)
+    # grsd_gap_floor = 0.01: ν = e/(0.01 + 1e-6) = [2.0e-4, −1.0e-4]: factors 1 ± 0.5·ν, i.e. [1.0001, 0.99995]
+    noise = turn_modulation([1.0, -1.0], [2e-6, 1e-6], floor=0.01)
+    assert noise == pytest.approx([1.0001, 0.99995], abs=1e-6)
+    # ... while the real gaps of the hand case (mean|e| = 0.158 > 0.01) keep their modulation
+    assert turn_modulation([1.0, -1.0], [0.2, 0.1], floor=0.01) == pytest.approx([1.1, 0.9])
+
+
 def test_a_group_without_a_success_failure_mix_keeps_its_advantages():
     assert not group_has_mix([True, True, True]) and not group_has_mix([False, False])
     assert group_has_mix([False, True])
@@ -93,13 +105,14 @@ def test_turn_gap():
 
 def test_reflection_advantages_hand_case():
     # valid scores [3, 1, 2]: mean 2, population std sqrt((1 + 1 + 0)/3) = 0.816497
-    # ⇒ A = [1/0.816497, −1/0.816497, None, 0] = [1.224744, −1.224744, None, 0]
+    # ⇒ A = [1/(0.816497 + 1e-6), −1/(0.816497 + 1e-6), 0, 0] = [1.224743, −1.224743, 0, 0]; the invalid score gets 0
+    # and its reflection stays in the token mean, as the reference's compute_group_normalized_advantage does
     out = reflection_advantages([3, 1, None, 2])
-    assert out[2] is None
-    assert [out[0], out[1], out[3]] == pytest.approx([1.224744, -1.224744, 0.0], abs=1e-5)
-    # fewer than 2 valid: 0 for the valid one; all invalid: None; all equal: 0
-    assert reflection_advantages([2.0, None, None]) == [0.0, None, None]
-    assert reflection_advantages([None, None]) == [None, None]
+    assert out[2] == 0.0
+    assert [out[0], out[1], out[3]] == pytest.approx([1.224743, -1.224743, 0.0], abs=1e-6)
+    # fewer than 2 valid: 0 for every one; all invalid: 0; all equal: 0
+    assert reflection_advantages([2.0, None, None]) == [0.0, 0.0, 0.0]
+    assert reflection_advantages([None, None]) == [0.0, 0.0]
     assert reflection_advantages([1, 1, 1]) == [0.0, 0.0, 0.0]
     assert reflection_advantages([]) == []
 

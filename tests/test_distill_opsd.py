@@ -173,6 +173,22 @@ def test_minus_inf_teacher_entries_are_probability_zero_tokens():
         assert torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_forward_kl_onto_a_probability_zero_student_token_stays_finite_in_every_dtype(dtype):
+    # β = 0, teacher [0, 0] (p_T = [.5, .5]), student [0, −inf] (p_S(token 1) = 0): KL(p_T‖p_S) is infinite. The
+    # log floor −1e30 makes it 0.5·(ln .5 + 1e30) ≈ 5e29 in float32, which float16 cannot hold (largest 65504): it
+    # is reported as 65504 there, and as ≈ 5e29 in bfloat16 and float32. Position 1 (teacher [.2, .3], student
+    # [1, .5]) is an ordinary pair and keeps its value and gradient.
+    student = torch.tensor([[[0.0, -math.inf], [1.0, 0.5]]], dtype=dtype, requires_grad=True)
+    teacher = torch.tensor([[[0.0, 0.0], [0.2, 0.3]]], dtype=dtype)
+    loss = generalized_jsd(student, teacher, beta=0.0)
+    assert loss.dtype == dtype and torch.isfinite(loss).all()
+    expected = 65504.0 if dtype == torch.float16 else 5.0e29
+    assert loss[0, 0].float().item() == pytest.approx(expected, rel=1e-2)
+    (grad,) = torch.autograd.grad(loss.sum(), student)
+    assert torch.isfinite(grad).all()
+
+
 def test_positions_without_a_distribution_give_zero_and_no_gradient():
     # Position 0: a normal pair (β = 0.5 value). Position 1: NaN in the teacher. Position 2: all −inf teacher.
     # Position 3: +inf in the student.

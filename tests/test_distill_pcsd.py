@@ -86,10 +86,28 @@ def test_options():
     assert weights(spike, mix="short", trend_coef=0.0) == pytest.approx([sig(5 * d) for d in spike])
     # a = 1 ("long"): δ = the decayed long mean; ρ = 1: plain mean of [2, 0, 0, 0] = 0.5, w = σ(2.5)·0.7
     assert weights(spike, mix="long", decay=1.0)[4] == pytest.approx(sig(2.5) * 0.7)
-    # the trend factor is clipped at 0: a slope of −4 with γ_tr = 0.5 gives η = max(1 − 2, 0) = 0
-    assert weights([4.0, 0.0], trend_coef=0.5)[0] == 0.0
+    # saturation (our guard): a slope of −4 with γ_tr = 0.5 gives η = 1 − 0.5·min(1, 4) = 0.5; δ of [4, 0] at
+    # token 0 is 4·(1 − a) + a·(4/1.7) with a = 4/4.1 = .97561: δ = 2.39139, σ(11.957) = .999994 -> w = .499997.
+    # Unsaturated (trend_saturate=False), η = max(1 − 2, 0) = 0: the weight falls to 0 as the spike grows.
+    assert weights([4.0, 0.0], trend_coef=0.5)[0] == pytest.approx(0.499997, abs=1e-6)
+    assert weights([4.0, 0.0], trend_coef=0.5, trend_saturate=False)[0] == 0.0
     # β = 0: σ(0) = 0.5 times the trend factor
     assert weights([1.0, 0.8], beta=0.0)[0] == pytest.approx(0.5 * 0.9)
+
+
+def test_a_strong_spike_keeps_half_its_weight():
+    # The audit's hazard: a spike of Δ = h at token 4 of [0, 0, 0, 0, h, 0, 0, 0] has the 4-token look-ahead window
+    # [h, 0, 0, 0], whose OLS slope is Σ(x − 1.5)(y − h/4) / Σ(x − 1.5)² = −1.5·h / 5 = −0.3·h, so the unsaturated
+    # η = 1 − 0.5·0.3·h: w(2) = .6934, w(6.7) = 0; Δ = [5, 0] gives the first token 0 where SDAR's gate σ(25) gives 1.
+    # Saturated: η ≥ 1 − γ_tr = 0.5, so w tends to 0.5 and never reaches 0.
+    def at(h, **options):
+        return weights([0, 0, 0, 0, h, 0, 0, 0], **options)[4]
+
+    assert at(2.0) == pytest.approx(0.6934, abs=1e-4) == at(2.0, trend_saturate=False)  # 0.3·2 < 1: the same
+    assert at(6.7, trend_saturate=False) == 0.0 and at(6.7) == pytest.approx(0.5, abs=1e-4)
+    assert weights([5.0, 0.0], trend_saturate=False)[0] == 0.0
+    assert weights([5.0, 0.0])[0] == pytest.approx(0.5, abs=1e-4)
+    assert min(at(h) for h in (2.0, 4.0, 6.7, 10.0, 50.0)) > 0.49
 
 
 def test_terms_gradient_and_loss():

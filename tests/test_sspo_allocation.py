@@ -266,7 +266,6 @@ def test_the_allocation_option_picks_the_topology(tmp_path):
     info = METHODS["3spo"]
     assert "sspo_allocation='adaptive'" in info.hook and "tests/test_sspo_allocation.py" in info.info.tests
     assert SSPOTrainer.topology_options(sspo_config(tmp_path)) == {"g_max": 2, "max_samples": None,
-                                                                   "terminal_score": "current",
                                                                    "min_root_rollouts": 2}
     with pytest.raises(ValueError, match="sspo_min_root_rollouts must be >= 0"):
         sspo_config(tmp_path, sspo_min_root_rollouts=-1)

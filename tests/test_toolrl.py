@@ -77,6 +77,33 @@ def test_luffy_shaping_clip_and_gradient_by_hand():
         shaped_off_policy_ratio(logps, gamma=0.0)
 
 
+def luffy_gradient(pi: float, advantage: float, clip=(0.8, 1.2)) -> float:
+    logp = torch.tensor([[math.log(pi)]], dtype=torch.float64, requires_grad=True)
+    off_policy_token_loss(logp, torch.tensor([advantage], dtype=torch.float64), torch.ones(1, 1), clip=clip).sum() \
+        .backward()
+    return float(logp.grad)
+
+
+def test_luffy_with_the_clip_is_the_released_pessimistic_loss():
+    # The released compute_token_on_off_policy_loss (Tool-RL-Box): f = π/(π + 0.1), loss = max(−A·f, −A·clip(f, .8,
+    # 1.2)) (its dual clip for A < 0, min(·, −A·3), cannot bind: clip(f) ≤ 1 < 3). Gradient d loss / d log π:
+    # * A = +1, π = .05: f = .3333 < .8, the max keeps −A·f: −γπ/(π+γ)² = −.1·.05/.0225 = −.2222 (a plain
+    #   −A·clip(f) would give 0: the unlikely ground-truth token LUFFY exists to push would not move);
+    # * A = +1, π = .39: f = .7959 < .8: −.1·.39/.2401 = −.1624;
+    # * A = +1, π = .60: f = .8571 inside the clip: −.1·.6/.49 = −.1224;
+    # * A = −1, π = .20: f = .6667 < .8, the max keeps −A·.8 (constant): 0.
+    assert luffy_gradient(0.05, 1.0) == pytest.approx(-0.2222, abs=1e-4)
+    assert luffy_gradient(0.39, 1.0) == pytest.approx(-0.1624, abs=1e-4)
+    assert luffy_gradient(0.60, 1.0) == pytest.approx(-0.1224, abs=1e-4)
+    assert luffy_gradient(0.20, -1.0) == 0.0
+    # A = −1, π = .9: f = .9091 inside the clip: −A·f, gradient +.1·.9/1.0 = +.09 (pushed down)
+    assert luffy_gradient(0.90, -1.0) == pytest.approx(0.09, abs=1e-4)
+    # loss values: A = 2, π = [.1, .4, .9]: f = [.5, .8, .9] -> max(−2f, −2·[.8, .8, .9]) = [−1, −1.6, −1.8]
+    logps = torch.log(torch.tensor([[0.1, 0.4, 0.9]]))
+    loss = off_policy_token_loss(logps, torch.tensor([2.0]), torch.ones(1, 3), clip=(0.8, 1.2))
+    assert loss.tolist() == [pytest.approx([-1.0, -1.6, -1.8])]
+
+
 def test_hint_text_and_ets_selection_by_hand():
     assert plan_hint(["search[x born]", "answer[Y]"], "Try: {plan}.") == "Try: search[x born] then answer[Y]."
     with pytest.raises(ValueError, match="non-empty"):
@@ -318,8 +345,8 @@ def test_toolrl_trains_two_steps_with_every_switch_on(tiny_model, tokenizer, tmp
     assert len(logs) == 2 and all(h["toolrl/forced_success"] == 1.0 for h in logs)  # the GT always answers right
     assert all(h["rollout/episodes"] == 8 and "toolrl/hinted_success" in h and "control/valid_action_rate" in h
                for h in logs)
-    if off_policy_loss == "luffy":  # f clamped to [1 − ε, 1 + ε_high] = [0.8, 1.2]
-        assert all(0.8 - 1e-6 <= h["toolrl/luffy_ratio"] <= 1.2 for h in logs)
+    if off_policy_loss == "luffy":  # f = π/(π + .1) lies in (0, 1/1.1]
+        assert all(0.0 < h["toolrl/luffy_ratio"] <= 1 / 1.1 + 1e-6 for h in logs)
     else:
         assert not any("toolrl/luffy_ratio" in h for h in logs)
     # ETS: a phase after step 1 (not after the last step), on the tasks with a failed ordinary rollout.

@@ -94,9 +94,30 @@ def _parse(argv: list[str], command: str, extra: tuple = ()):
     extra = tuple(c for c in extra if not issubclass(method.config_class, c))  # (LLMZeroConfig has them already)
     classes = (RunArguments, method.config_class, ModelConfig, *extra)
     parser = _quiet(TrlParser)(classes, prog=f"trl-agents {command}")
-    parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator); YAML/CLI still win
+    parser.set_defaults(**method.defaults)  # what defines the method (e.g. rloo's estimator)
     _check_keys(parser, argv, config_path, file_config)
-    return method, parser.parse_args_and_config(argv)
+    parsed = parser.parse_args_and_config(argv)
+    _check_method_fields(method, parsed[1], command)
+    return method, parsed
+
+
+def _check_method_fields(method, config, command: str) -> None:
+    """A method defined by fixed field values (e.g. `grpo_opsd`: `sdar_gate_beta=0`) refuses a config or command line
+    that sets one of them to something else, in one line naming the field: the run would be another method recorded
+    under this one's name."""
+    from .trainers import METHODS
+
+    for name, fixed in method.defaults.items():
+        value = getattr(config, name, fixed)
+        if value == fixed:
+            continue
+        others = [m.name for m in METHODS.values() if m.trainer_class is method.trainer_class and m is not method
+                  and all(getattr(config, k, v) == v for k, v in m.defaults.items())]
+        instead = f", or use --method {others[0]}, which runs it" if others else ""
+        raise SystemExit(
+            f"trl-agents {command}: method {method.name!r} fixes {name}={fixed!r}, but the config or command line sets "
+            f"{name}={value!r}: remove {name}{instead}"
+        )
 
 
 SEARCH_ALIASES = {"--stages": "--search_budget", "--children": "--children_per_node"}

@@ -17,13 +17,22 @@ Three pieces, each a pure function (lists in, lists out; the loss-side ones on t
    current policy, as with a transformers generator: Ω ≡ 1, its z-score is 0/0), the score falls back to z(H)
    alone, eligible iff z(H) > 0.
 
-2. **Dual-group credit** (`appo_advantages`). Returns are z-scored separately inside the initial group and inside
-   the branch group of the same task. Branches train nothing (advantage 0); each initial rollout keeps its own
+2. **Dual-group credit** (`appo_advantages`, the released `apply_appo_reward_scale_M` + `compute_appo_advantage`).
+   First the reward scale: each reward of an initial rollout o sits on a token (a step's reward on the last token
+   of its action) and is multiplied there by
+
+       M̄_{o,τ} = mean over ALL of o's branches b of M_{b,τ},   M_{b,τ} = 1 + (BS_b / BS_max) · 0.9^{t_b − τ} (τ ≤ t_b),
+                                                                        1 after the split point t_b    (`prefix_scale`)
+
+   with BS_max the largest split score of the whole batch; then returns R'_o = Σ_τ M̄_{o,τ} r_{o,τ}. Returns are
+   z-scored separately inside the initial group (the scaled R') and inside the branch group of the same task, with
+   the population σ: (R − μ)/(σ + ε). Branches train nothing (advantage 0); each initial rollout keeps its own
    advantage A_o and, on its tokens up to a split point t_b of one of its branches b, receives
 
-       A_τ = (A_o + mean_b A_b) · mean_b M_{b,τ},   M_{b,τ} = 1 + (BS_b / BS_max) · 0.9^{t_b − τ}   (τ ≤ t_b)
+       A_τ = A_o + mean_{b: τ ≤ t_b} A_b
 
-   (the means over the branches whose split point is at or after τ; `prefix_scale`).
+   (M moves a return only where a reward sits at or before a split point: with one reward at the end of an
+   episode it changes nothing, as in the released code).
 
 3. **Future-KL scaling in the loss** (`future_kl`, `future_kl_weights`, `dual_clip_drops`): per token,
    Ã_t = A_t · (1 + b·f_t), f_t = clip(exp(FutureKL_t), 1, 1 + ε_f) (high-only: never below 1),
@@ -33,7 +42,7 @@ Three pieces, each a pure function (lists in, lists out; the loss-side ones on t
 
 Numerical guards: z-scores of fewer than two values, or of values whose spread is below `tolerance`, are 0 (no
 eligible position rather than 0/0); a return group of one episode, or of equal returns, gets advantage 0 (centred
-returns are exactly 0, whatever ε); the exponent of Ω and of f is clamped to ±20 (no inf); BS_max ≤ 0 gives M = 1;
+returns are exactly 0, whatever ε; the released code's (R − μ)/(0 + 1e-6) gives the same 0); the exponent of Ω and of f is clamped to ±20 (no inf); BS_max ≤ 0 gives M = 1;
 empty inputs give empty outputs. Nothing here produces NaN or inf from finite inputs.
 
 Example (the acceptance numbers, docs/methods/appo.md "Hand-computed case"):
@@ -55,9 +64,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..trajectory import Group, Trajectory
-from .base import check_group, mean_std
+from .base import check_group
 
-DEFAULT_DECAY_RATE = 64.0  # γ = 2^(−1/64): the future sums' half-life is 64 tokens (APPO scripts)
+DEFAULT_DECAY_RATE = 64.0  # γ = 2^(−1/64) of FutureKL in the loss: its half-life is 64 tokens (APPO scripts)
+DEFAULT_BRANCH_GAMMA = 1.0  # γ of Ω's future sum at branching: the released code passes `algorithm.gamma`, 1.0
 EXP_CLAMP = 20.0  # the exponent of Ω and of the future-KL factor is clamped to ±20 (as the code does)
 PUNCTUATION = frozenset(string.punctuation)
 
@@ -103,7 +113,7 @@ def future_sums(values: Sequence[float], gamma: float, keep: Sequence[bool] | No
 
 
 def future_values(
-    log_ratios: Sequence[float], gamma: float = decay_gamma(DEFAULT_DECAY_RATE), epsilon: float | None = 0.2
+    log_ratios: Sequence[float], gamma: float = DEFAULT_BRANCH_GAMMA, epsilon: float | None = 0.2
 ) -> list[float]:
     """Ω_t = clip(exp(clamp(Σ_{j≥t} γ^{j−t} Δ_j, ±20)), 1 − ε, 1 + ε), Δ_j = log π_θ(y_j) − log π_old(y_j) over the
     rollout's tokens in order; `epsilon=None` returns the unclipped values.
@@ -198,14 +208,18 @@ def prefix_scale(split: int, score: float, score_max: float, decay: float = 0.9)
 
 
 def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """(R − μ)/(σ + ε), σ Bessel-corrected (verl's GRPO); one return, or equal returns, give 0.
+    """(R − μ)/(σ + ε) with the population σ (the released `compute_appo_advantage`: `std(correction=0)`); one return,
+    or equal returns, give 0.
 
-    >>> [round(a, 4) for a in group_zscores([1.0, 0.0, 0.0, 1.0])]
-    [0.866, -0.866, -0.866, 0.866]
+    >>> [round(a, 4) for a in group_zscores([1.0, 0.0, 0.0, 1.0])]  # μ = .5, σ = .5
+    [1.0, -1.0, -1.0, 1.0]
     >>> group_zscores([1.0]), group_zscores([0.5, 0.5])
     ([0.0], [0.0, 0.0])
     """
-    mean, std = mean_std(returns)
+    if not returns:
+        return []
+    mean = sum(returns) / len(returns)
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
     return [(r - mean) / (std + eps) for r in returns]
 
 
@@ -239,21 +253,52 @@ def token_offsets(trajectory: Trajectory) -> list[int]:
     return offsets
 
 
+def reward_scales(trajectory: Trajectory, points: Sequence[BranchPoint], score_max: float,
+                  decay: float = 0.9) -> list[float]:
+    """M̄ on each step's reward token (the last token of its action; 1 for a step without action tokens): the mean
+    over ALL the rollout's branch points of M_b at that token, M_b = 1 after b's split (released
+    `apply_appo_reward_scale_M`: each branch's M over the whole response, then their mean).
+
+    >>> from trl_agents.trajectory import Step
+    >>> rollout = Trajectory(task={}, steps=[Step("o", "x", action_ids=[1, 2]), Step("o", "y", action_ids=[3])])
+    >>> points = [BranchPoint(0, 2, 0, 1, 0, 2, 1.0, (3,)), BranchPoint(0, 3, 0, 0, 0, 0, 1.0, (1,))]
+    >>> # step 0's reward token is position 1: M = 1 + .9^(2−1) = 1.9 (split 2) and 1 (split 0, before it): 1.45
+    >>> [round(m, 4) for m in reward_scales(rollout, points, score_max=1.0)]
+    [1.45, 1.5]
+    """
+    if not points:
+        return [1.0] * len(trajectory.steps)
+    scales = [prefix_scale(point.position, point.score, score_max, decay) for point in points]
+    offsets = token_offsets(trajectory)
+    result = []
+    for index, step in enumerate(trajectory.steps):
+        if not step.action_ids:
+            result.append(1.0)
+            continue
+        tau = offsets[index] + len(step.action_ids) - 1
+        result.append(sum(m[tau] if tau < len(m) else 1.0 for m in scales) / len(scales))
+    return result
+
+
 def appo_advantages(
     group: Group,
     branch_points: Sequence[BranchPoint],
     *,
+    score_max: float | None = None,
     prefix_decay: float = 0.9,
     eps: float = 1e-6,
     invalid_penalty: float = 0.0,
 ) -> tuple[list[list[float | list[float]]], dict[str, float]]:
-    """APPO's dual-group advantages of one task's trajectories, and diagnostics.
+    """APPO's dual-group advantages of one task's trajectories, and diagnostics (the released code's math: module
+    docstring, part 2).
 
-    Initial rollouts (no parent) and branches (forked) are z-scored separately (`group_zscores`). Every step of a
-    branch's path gets 0 (branches give a contrast, not a gradient). An initial rollout o gets A_o on its steps,
-    replaced on each action token τ at or before the split position t_b of one of its branches by
-    (A_o + mean_b A_b)·mean_b M_{b,τ} (`prefix_scale`, BS_max = the task's largest split score); then −λ on its
-    invalid steps. Branch points whose branch is not in the group (failed) are ignored.
+    An initial rollout's step rewards are first scaled by `reward_scales` (BS_max = `score_max`, the batch's largest
+    split score; None: this group's), its return R' is their sum. Initial rollouts (no parent; z-scores of R') and
+    branches (forked; z-scores of their plain returns) are z-scored separately (`group_zscores`, population σ).
+    Every step of a branch's path gets 0 (branches give a contrast, not a gradient). An initial rollout o gets A_o
+    on its steps, replaced on each action token τ at or before the split position t_b of one of its branches by
+    A_o + mean_b A_b (the branches covering τ); then −λ on its invalid steps. Branch points whose branch is not in
+    the group (failed) are ignored.
 
     Returns per trajectory one value per step: a float, or a list with one value per action token on the steps
     that hold prefix tokens.
@@ -265,36 +310,46 @@ def appo_advantages(
     >>> group = Group(task={}, trajectories=[rollout(0, 1.0), rollout(1, 0.0), rollout(2, 1.0, 0), rollout(3, 0.0, 1)])
     >>> points = [BranchPoint(0, 2, 0, 0, 1, 1, 1.0, (5, 6)), BranchPoint(0, 3, 1, 0, 1, 1, 1.0, (5, 6))]
     >>> advantages, stats = appo_advantages(group, points, eps=0.0)
-    >>> # A_o = ±0.7071, A_b = ±0.7071; tokens 0, 1: (A_o + A_b)·M with M = 1 + .9^(1−τ) = 1.9, 2; token 2: A_o
-    >>> [[round(v, 3) for v in advantages[i][0]] for i in (0, 1)], advantages[2], advantages[3]
-    ([[2.687, 2.828, 0.707], [-2.687, -2.828, -0.707]], [0.0], [0.0])
+    >>> # A_o = ±1, A_b = ±1 (population σ = .5); tokens 0, 1 (≤ split 1): A_o + A_b = ±2; token 2: A_o. The rewards
+    >>> # sit on token 2, after the split: M leaves them unchanged.
+    >>> advantages[0], advantages[1], advantages[2], advantages[3]
+    ([[2.0, 2.0, 1.0]], [[-2.0, -2.0, -1.0]], [0.0], [0.0])
     """
     check_group(group, invalid_penalty)
     trajectories = group.trajectories
     init = [t for t in trajectories if t.parent_id is None]
     branches = [t for t in trajectories if t.parent_id is not None]
-    init_adv = dict(zip((t.episode_id for t in init), group_zscores([t.episode_return for t in init], eps)))
     branch_adv = dict(zip((t.episode_id for t in branches), group_zscores([t.episode_return for t in branches], eps)))
-    points = [p for p in branch_points if p.episode_id in branch_adv and p.origin in init_adv]
-    score_max = max((p.score for p in points), default=0.0)
+    init_ids = {t.episode_id for t in init}
+    points = [p for p in branch_points if p.episode_id in branch_adv and p.origin in init_ids]
+    if score_max is None:
+        score_max = max((p.score for p in points), default=0.0)
     by_origin: dict[int, list[BranchPoint]] = {}
     for point in points:
         by_origin.setdefault(point.origin, []).append(point)
 
+    # R'_o = Σ_s M̄_{o, τ_s}·r_s (released: M on the token-level rewards before they are summed)
+    scaled_returns, scales = [], []
+    for trajectory in init:
+        factors = reward_scales(trajectory, by_origin.get(trajectory.episode_id, []), score_max, prefix_decay)
+        scaled_returns.append(sum(m * step.reward for m, step in zip(factors, trajectory.steps, strict=True)))
+        scales += [m for m, step in zip(factors, trajectory.steps, strict=True) if step.action_ids]
+    init_adv = dict(zip((t.episode_id for t in init), group_zscores(scaled_returns, eps)))
+
     advantages: list[list[float | list[float]]] = []
-    scales: list[float] = []
+    prefix_tokens = 0
     for trajectory in trajectories:
         if trajectory.parent_id is not None:
             advantages.append([0.0] * len(trajectory.steps))
             continue
         base = init_adv[trajectory.episode_id]
-        own = by_origin.get(trajectory.episode_id, [])
         offsets = token_offsets(trajectory)
-        # Per prefix token τ: the branches whose split is at or after τ, with their M_{b,τ}.
-        covering: dict[int, list[tuple[float, float]]] = {}
-        for point in own:
-            for tau, scale in enumerate(prefix_scale(point.position, point.score, score_max, prefix_decay)):
-                covering.setdefault(tau, []).append((branch_adv[point.episode_id], scale))
+        # Per prefix token τ: the advantages of the branches whose split is at or after τ.
+        covering: dict[int, list[float]] = {}
+        for point in by_origin.get(trajectory.episode_id, []):
+            for tau in range(point.position + 1):
+                covering.setdefault(tau, []).append(branch_adv[point.episode_id])
+        prefix_tokens += len(covering)
         values: list[float | list[float]] = []
         for index, step in enumerate(trajectory.steps):
             penalty = invalid_penalty if not step.valid else 0.0
@@ -302,17 +357,10 @@ def appo_advantages(
             if not any(tau in covering for tau in tokens):
                 values.append(base - penalty)
                 continue
-            per_token = []
-            for tau in tokens:
-                if tau not in covering:
-                    per_token.append(base - penalty)
-                    continue
-                pairs = covering[tau]
-                bonus = sum(a for a, _ in pairs) / len(pairs)
-                scale = sum(m for _, m in pairs) / len(pairs)
-                scales.append(scale)
-                per_token.append((base + bonus) * scale - penalty)
-            values.append(per_token)
+            values.append([
+                base + sum(covering[tau]) / len(covering[tau]) - penalty if tau in covering else base - penalty
+                for tau in tokens
+            ])
         advantages.append(values)
 
     stats = {
@@ -321,8 +369,8 @@ def appo_advantages(
         "branch_points": float(len(points)),
         "init_success_rate": sum(t.success for t in init) / len(init) if init else 0.0,
         "branch_success_rate": sum(t.success for t in branches) / len(branches) if branches else 0.0,
-        "mean_prefix_scale": sum(scales) / len(scales) if scales else 1.0,
-        "prefix_tokens": float(len(scales)),
+        "mean_reward_scale": sum(scales) / len(scales) if scales else 1.0,
+        "prefix_tokens": float(prefix_tokens),
     }
     return advantages, stats
 

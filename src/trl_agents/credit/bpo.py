@@ -10,9 +10,8 @@ are not known to us):
 
     S(p, b)   = {p} ∪ {c : parent(c) = p, fork_step(c) = b},   K = |S| ≥ 2          sibling set of a branch point
     A_i^S     = R_i − 1/(K−1)·Σ_{j∈S, j≠i} R_j                 (Σ_{i∈S} A_i^S = 0)  sibling leave-one-out advantage
-    w_S(t)    = 1 for t ≥ b;  λ^(b−t) for t < b (prefix propagation; 0 when it is off)   λ = `prefix_decay`
     A^B_r     = ω_B·(R_r − 1/(n_B−1)·Σ_{r'≠r} R_r')           over the n_B roots (backbones) of the group
-    A_{i,t}   = Σ_{S ∋ i} w_S(t)·A_i^S  +  [i is a root]·A^B_i  −  λ_inv·[invalid_{i,t}]·[t ≥ fork_step(i)]
+    A_{i,t}   = Σ_{S ∋ i, b_S ≤ t} A_i^S  +  [i is a root]·A^B_i  −  λ_inv·[invalid_{i,t}]·[t ≥ fork_step(i)]
 
 A path in several sibling sets (a backbone branched at several steps, or a child that was itself branched) adds up
 its contributions. The backbone term ω_B·A^B (`backbone_weight`) compares the backbones of one task with each other
@@ -26,14 +25,17 @@ sequence gives at importance ratio 1. Two consequences:
 
 * The invalid-action penalty is charged by the trajectory that owns the step (t ≥ `fork_step`) only, so a shared
   invalid step is penalised once, not once per path through it.
-* Zero-sum caveat. Leave-one-out values sum to 0 over a sibling set, and all K siblings contain the same prefix
-  steps, so a prefix step d steps before b receives Σ_{i∈S} λ^d·A_i^S = 0 from that set under the sum rule: prefix
-  propagation carries no net signal to earlier decisions (at importance ratio 1). It changes the per-sequence
-  values only, which matters where sequences are treated separately (clipping with several updates per batch,
-  per-sequence loss normalisation). What a set does pass on is the comparison at the branch point itself: the
-  action at step b of each sibling is its own step and gets A_i^S.
+* No prefix propagation. The paper (as described) also gives a shared-prefix step d actions before b the value
+  λ^d·A_i^S on every sibling's path (λ = 0.95). Leave-one-out values sum to 0 over a sibling set and all K siblings
+  hold the same prefix steps, so under the sum rule that step would be trained with Σ_{i∈S} λ^d·A_i^S = 0 from the
+  set, whatever λ: the propagation cannot change what is trained, and we do not compute it (there is no λ to set).
+  What a set does pass on is the comparison at the branch point itself: the action at step b of each sibling is its
+  own step and gets A_i^S. The shared prefix learns from the backbone term (several backbones per task) and from
+  the sets of earlier branch points.
 
-Example (a backbone branched once at step 2 into K = 4 siblings with returns [1, 0, 0, 1]):
+Example (a backbone branched once at step 2 into K = 4 siblings with returns [1, 0, 0, 1]: A^S = ±2/3 on step 2; the
+shared steps 0 and 1 get 0 from the set — the paper's per-path λ^d·A^S, ±0.6333 and ±0.6017, sum to 0 over the four
+paths — and from the single backbone):
     >>> from trl_agents.trajectory import Group, Step, Trajectory
     >>> prefix = [Step("s0", "a"), Step("s1", "b")]
     >>> paths = [
@@ -44,7 +46,7 @@ Example (a backbone branched once at step 2 into K = 4 siblings with returns [1,
     >>> sibling_sets(Group(task={}, trajectories=paths))
     [SiblingSet(parent_id=0, fork_step=2, members=(0, 1, 2, 3))]
     >>> [[round(a, 4) for a in row] for row in bpo_advantages(Group(task={}, trajectories=paths))]
-    [[0.6017, 0.6333, 0.6667], [-0.6017, -0.6333, -0.6667], [-0.6017, -0.6333, -0.6667], [0.6017, 0.6333, 0.6667]]
+    [[0.0, 0.0, 0.6667], [0.0, 0.0, -0.6667], [0.0, 0.0, -0.6667], [0.0, 0.0, 0.6667]]
 """
 
 from __future__ import annotations
@@ -146,16 +148,12 @@ def sibling_sets(group: Group) -> list[SiblingSet]:
 def bpo_advantages(
     group: Group,
     *,
-    prefix_decay: float = 0.95,
-    propagate_prefix: bool = True,
     backbone_weight: float = 1.0,
     invalid_penalty: float = 0.0,
 ) -> StepAdvantages:
     """BPO advantages for every step of every path of `group`; see `bpo_advantages_with_stats` for the arguments."""
     advantages, _ = bpo_advantages_with_stats(
         group,
-        prefix_decay=prefix_decay,
-        propagate_prefix=propagate_prefix,
         backbone_weight=backbone_weight,
         invalid_penalty=invalid_penalty,
     )
@@ -165,8 +163,6 @@ def bpo_advantages(
 def bpo_advantages_with_stats(
     group: Group,
     *,
-    prefix_decay: float = 0.95,
-    propagate_prefix: bool = True,
     backbone_weight: float = 1.0,
     invalid_penalty: float = 0.0,
 ) -> tuple[StepAdvantages, dict[str, float]]:
@@ -174,10 +170,6 @@ def bpo_advantages_with_stats(
 
     Args:
         group: The healthy trajectories of one task: a tree (`parent_id` / `fork_step`), or independent episodes.
-        prefix_decay: λ ∈ [0, 1]; a shared-prefix step d steps before the branch point gets λ^d·A_i^S (0.95, as the
-            paper is described).
-        propagate_prefix: Whether sibling advantages reach the shared prefix at all (off: 0 there). Under the sum
-            rule their net effect there is 0 (module docstring).
         backbone_weight: ω_B ≥ 0, weight of the leave-one-out advantage among the group's roots, given to every
             step of a root's path (our choice, 1.0; 0 with a single root).
         invalid_penalty: λ_inv, subtracted on invalid steps by the trajectory that owns them (t ≥ fork_step) only.
@@ -190,8 +182,6 @@ def bpo_advantages_with_stats(
         trajectories)}; all 0 for an empty group.
     """
     check_group(group, invalid_penalty)
-    if not (math.isfinite(prefix_decay) and 0.0 <= prefix_decay <= 1.0):
-        raise ValueError(f"prefix_decay must be in [0, 1], got {prefix_decay}")
     if not (math.isfinite(backbone_weight) and backbone_weight >= 0.0):
         raise ValueError(f"backbone_weight must be a finite number >= 0, got {backbone_weight}")
     trajectories = group.trajectories
@@ -210,10 +200,7 @@ def bpo_advantages_with_stats(
             abs_sum += abs(a)
             path = values[row]
             for t in range(b, len(path)):
-                path[t] += a  # the branch action and everything after it: A_i^S
-            if propagate_prefix:
-                for t in range(b):
-                    path[t] += prefix_decay ** (b - t) * a  # shared prefix, d = b − t actions before b: λ^d·A_i^S
+                path[t] += a  # the branch action and everything after it: A_i^S (the shared prefix: nothing)
 
     # Backbone term: leave-one-out among the roots (by episode_id), ω_B·A^B_r on every step of a root's path.
     roots = sorted(

@@ -27,10 +27,13 @@ episodes). On trees (forked episodes share their prefix `Step` objects) every di
 state, counted once, and its advantage goes to the trajectory that owns it (0 on the other paths through it), so the
 rows' sum over paths trains it with exactly its A (docs/topologies.md, "How rows train shared steps").
 
-The state after an episode's last action is recorded only as its observation (`next_observation`): when some step
-of the group acted from that same observation, its state is s_{t+1}; otherwise R_novel = 1[valid] (an invalid
-action leaves the state unchanged) and S(s_{t+1}) := S(s_t) (`terminal_score="current"`: no score change) or 1
-(`"unseen"`: the table never counts that state) — our choice, docs/methods/3spo.md#our-choices.
+The state after an episode's last action, s_{t+1}, is looked up in the table like any other state, as the 3SPO code
+does (`compute_3spo_step_reward` scores the next anchor observation from its global table): its key is the
+`state_key` signal's `after` value (the trainer records it: `env.state_key()` after every step), or, for an
+environment without state keys, the observation the action returned (h(s) is the observation text there). Only
+where neither is recorded (groups built by hand, records from an older run) does it fall back to a state of the
+group that an episode acted from with that observation, and otherwise to R_novel = 1[valid] and S(s_{t+1}) := S(s_t)
+(`terminal_score="current"`) or 1 (`"unseen"`).
 
 Guards: an unseen state scores 1 and ω = 0.5 (no division by a zero count: SR has ε); a state alone in its sibling
 set (a singleton) gets A = 0; an empty group gives empty lists; `mean_std_norm` divides by σ + ε (all-equal
@@ -279,6 +282,31 @@ def transition_reward(
     return omega * is_novel + (0.5 - omega) * (score - next_score) + 0.5 * float(success)
 
 
+STATE_KEY_SIGNAL = "state_key"  # the env signal Transition(key(s_t), key(s_t+1)) (trl_agents.signals.env)
+
+
+def next_state(step: Step, observed: dict[str, Hashable] | None = None) -> Hashable | None:
+    """h(s_{t+1}) of an episode's last `step`: the `state_key` signal's `after` key; for an environment without
+    state keys, the returned observation; else (nothing recorded) the state that some episode of the group acted
+    from with that observation (`observed`, `observation_states`); None when unknown.
+
+    >>> from trl_agents.signals import Transition
+    >>> step = Step("o", "a", state_key=(0, 1))
+    >>> step.signals["state_key"] = Transition((0, 1), (0, 2))
+    >>> next_state(step), next_state(Step("o", "a", next_observation="o2")), next_state(Step("o", "a", state_key=1))
+    ((0, 2), 'o2', None)
+    """
+    recorded = step.signals.get(STATE_KEY_SIGNAL)
+    if recorded is not None:
+        after = recorded[1]
+        return tuple(after) if isinstance(after, list) else after  # a tuple key reloaded from the records
+    if step.state_key is None:
+        return step.next_observation
+    if observed is not None and step.next_observation is not None:
+        return observed.get(step.next_observation)
+    return None
+
+
 def observation_states(group: Group) -> dict[str, Hashable]:
     """Observation -> h(s) of every state an episode of `group` acted from (the first recorded): how the state
     after a last action is recognised from its `next_observation`."""
@@ -325,7 +353,8 @@ def sspo_step_rewards(
     group: Group, table: StateScoreTable, terminal_score: str = "current"
 ) -> tuple[list[list[float]], dict[str, float]]:
     """R_3SPO(s_t, s_{t+1}) of every step (Eq. 2), from the table's current scores, plus the inputs' averages.
-    `terminal_score` sets S of the unrecorded state after the last action (see the module docstring)."""
+    s_{t+1} after an episode's last action: `next_state`; `terminal_score` applies only where it is not recorded
+    (see the module docstring)."""
     check_choice("terminal_score", terminal_score, TERMINAL_SCORES)
     task_id = group.task_id
     looked_up: dict[Hashable, tuple[float, float]] = {}  # h(s) -> (S(s), ω(s)), once per distinct state
@@ -344,16 +373,16 @@ def sspo_step_rewards(
         row = []
         for t, (step, state) in enumerate(zip(traj.steps, states, strict=True)):
             omega = looked_up[state][1]
-            last = t == len(states) - 1
-            known = observed.get(step.next_observation) if last and step.next_observation is not None else None
-            if last and known is not None:  # s_{t+1} recognised: some step of the group acted from its observation
-                is_novel, success = float(known != state), float(traj.success)
-                next_score = table.score(known, task_id)
-            elif last:  # s_{t+1} unrecorded: novel unless the action was invalid; S(s_{t+1}) := S(s_t) or 1
-                next_score = current[t] if terminal_score == "current" else 1.0
-                is_novel, success = float(step.valid), float(traj.success)
-            else:
+            if t < len(states) - 1:
                 is_novel, next_score, success = float(states[t + 1] != state), current[t + 1], 0.0
+            else:
+                success = float(traj.success)
+                known = next_state(step, observed)
+                if known is not None:  # s_{t+1} looked up in the table, as any state
+                    is_novel, next_score = float(known != state), table.score(known, task_id)
+                else:  # nothing recorded: novel unless the action was invalid; S(s_{t+1}) := S(s_t) or 1
+                    next_score = current[t] if terminal_score == "current" else 1.0
+                    is_novel = float(step.valid)
             row.append(omega * is_novel + (0.5 - omega) * (current[t] - next_score) + 0.5 * success)
             novel.append(is_novel)
         rewards.append(row)
@@ -385,8 +414,9 @@ def sspo_advantages_with_stats(
         episode_weight: w_E, weight of an added episode-level GRPO advantage over the n returns, normalised like
             `mode` (0: the 3SPO code, R_3SPO only; an option for a port without branching,
             docs/methods/3spo.md#our-choices).
-        terminal_score: S of the unrecorded state after an episode's last action: "current" (S(s_t), no score
-            change) or "unseen" (1). Our choice (docs/methods/3spo.md#our-choices).
+        terminal_score: Only for trajectories that recorded neither the `state_key` signal nor (without state keys)
+            the next observation: S of the unknown state after an episode's last action, "current" (S(s_t), no
+            score change) or "unseen" (1).
         invalid_penalty: λ, subtracted from the step reward of invalid steps before centring (verl-agent 0.1).
         eps: ε of `mean_std_norm` (3SPO / GiGPO: 1e-6).
 

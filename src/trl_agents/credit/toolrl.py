@@ -8,9 +8,10 @@ here are pure functions; the trainer (`trainers/toolrl.py`), the `supervised` to
 
 * Group composition (OPS, HBG): of the G rollouts of a task, k_gt are teacher-forced on the GT action of every turn,
   k_hint sample with a hint in the system prompt, and G − k_gt − k_hint are ordinary (`group_composition`).
-* LUFFY-style shaping of the off-policy (teacher-forced) tokens: f = π_θ / (π_θ + γ), γ = 0.1, optionally clipped
-  to [1 − ε_low, 1 + ε_high] as the released actor does, loss −A·f (`shaped_off_policy_ratio`,
-  `off_policy_token_loss`); on-policy tokens keep the clipped PPO/GRPO loss.
+* LUFFY-style shaping of the off-policy (teacher-forced) tokens: f = π_θ / (π_θ + γ), γ = 0.1, and, as the released
+  actor (`compute_token_on_off_policy_loss`) does, the pessimistic PPO form max(−A·f, −A·clip(f, 1 − ε_low,
+  1 + ε_high)) (`shaped_off_policy_ratio`, `off_policy_token_loss`); on-policy tokens keep the clipped PPO/GRPO loss.
+  The released actor's dual clip min(·, −A·c) for A < 0 never binds here: clip(f) ≤ 1 < c.
 * The hint text of HBG (`plan_hint`), built from the GT plan with our own template.
 * The task selection of ETS: the tasks that had at least one zero-reward rollout (`zero_reward_tasks`).
 
@@ -88,7 +89,10 @@ def off_policy_token_loss(
     gamma: float = 0.1,
     clip: tuple[float, float] | None = None,
 ) -> torch.Tensor:
-    """Per-token loss −A·f(π_θ) on the off-policy tokens (`mask` 1), 0 elsewhere (same shape as `logps`).
+    """Per-token loss on the off-policy tokens (`mask` 1), 0 elsewhere (same shape as `logps`): −A·f(π_θ) without
+    `clip`; with `clip` the released actor's pessimistic max(−A·f, −A·clip(f)). With A > 0 and f below the clip the
+    max keeps −A·f, so unlikely ground-truth tokens still get LUFFY's push, ∂loss/∂log π = −A·γπ/(π + γ)²; with
+    A < 0 it keeps −A·clip(f) there (no gradient).
 
     `advantages` is (B,) (one per row) or (B, T). Aggregate it like the policy loss (a token mean in the released
     actor: masked_mean over on- and off-policy tokens together).
@@ -96,10 +100,16 @@ def off_policy_token_loss(
     >>> logps = torch.log(torch.tensor([[0.1, 0.4, 0.9]]))
     >>> off_policy_token_loss(logps, torch.tensor([2.0]), torch.tensor([[1, 1, 0]]))   # −2·0.5, −2·0.8, masked
     tensor([[-1.0000, -1.6000,  0.0000]])
+    >>> off_policy_token_loss(logps, torch.tensor([2.0]), torch.ones(1, 3), clip=(0.8, 1.2))  # max(−2f, −2·clip(f))
+    tensor([[-1.0000, -1.6000, -1.8000]])
+    >>> off_policy_token_loss(logps, torch.tensor([-2.0]), torch.ones(1, 3), clip=(0.8, 1.2))  # A < 0: 2·max(f, .8)
+    tensor([[1.6000, 1.6000, 1.8000]])
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logps)
-    loss = -advantages * shaped_off_policy_ratio(logps, gamma, clip)
+    loss = -advantages * shaped_off_policy_ratio(logps, gamma)  # −A·f
+    if clip is not None:
+        loss = torch.maximum(loss, -advantages * shaped_off_policy_ratio(logps, gamma, clip))  # max(−A·f, −A·clip(f))
     return torch.where(mask.bool(), loss, torch.zeros_like(loss))
 
 

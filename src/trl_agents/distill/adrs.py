@@ -216,6 +216,7 @@ def adrs_advantages(
     clip: float = 0.2,
     adaptive: bool = True,
     invalid_penalty: float = 0.1,
+    std_eps: float = GRPO_EPS,
     gather: Callable[[list[float]], list[float]] | None = None,
 ) -> tuple[list[TokenAdvantages], dict[str, tuple[float, float]]]:
     """ADRS per-token advantages of every group of a batch (module docstring for the formulas).
@@ -234,6 +235,8 @@ def adrs_advantages(
         clip: c of the released clip (0.2); 0 = no clipping.
         adaptive: scale the clip by min(1, σ_g/median σ) (fix5: on).
         invalid_penalty: λ, on the score of invalid steps (verl-agent 0.1).
+        std_eps: ε of the z-score (R − μ)/(σ + ε) and the σ below which a group gets no teacher term (verl's 1e-6).
+            A tiny ε inflates tiny spreads: a return difference of 1e-5 gives z = ±0.6 at 1e-6, ±0.047 at 1e-4.
         gather: Collects a list of floats from every process (the trainer's all-gather), so that the batch
             statistics are those of the whole generation batch; None = these groups only.
 
@@ -292,7 +295,7 @@ def adrs_advantages(
 
     # GRPO z-scores and σ_g of every group; the median σ for the adaptive clip.
     sigmas = [mean_std(scores) if len(scores) > 1 else (0.0, 1.0) for *_, scores in prepared]  # verl: (0, 1) for one
-    valid_sigmas = everywhere([s for (_, s), p in zip(sigmas, prepared, strict=True) if len(p[1]) > 1 and s >= GRPO_EPS])
+    valid_sigmas = everywhere([s for (_, s), p in zip(sigmas, prepared, strict=True) if len(p[1]) > 1 and s >= std_eps])
     median_sigma = lower_median(valid_sigmas) if (adaptive and valid_sigmas) else None
 
     stats = {name: [0.0, 0.0] for name in ("tva", "gate", "teacher_term_abs_mean", "teacher_groups", "clip_fraction")}
@@ -320,7 +323,7 @@ def adrs_advantages(
             terms = [[[0.0 if v is None else eta_eff * gate * v for v in step] for step in row] for row in rhat]
             active = eta_eff != 0
         else:
-            active = eta_eff > 0 and len(rows) > 1 and std >= GRPO_EPS
+            active = eta_eff > 0 and len(rows) > 1 and std >= std_eps
             if active:
                 q = [eta * gate * v for row in rhat for step in row for v in step if v is not None]
                 zhat = iter(within_group_standardize(q))
@@ -355,7 +358,7 @@ def adrs_advantages(
         # A = z + teacher term, laid out per trajectory and step
         advantages: TokenAdvantages = [[[] for _ in traj.steps] for traj in group.trajectories]
         for row, score, row_terms in zip(rows, row_scores, terms, strict=True):
-            z = (score - mean) / (std + GRPO_EPS)
+            z = (score - mean) / (std + std_eps)
             for (i, t), step_terms in zip(row, row_terms, strict=True):
                 step = group.trajectories[i].steps[t]
                 base = z - (invalid_penalty if unit == "episode" and not step.valid else 0.0)

@@ -10,7 +10,7 @@ rescaled by how much the teacher agrees with the outcome; the objective stays GR
     δ_r      = ℓ_tea − ℓ_stu                                   turn-level teacher–student gap
     q_r      = sign(A_r)·δ_r                                   > 0: the teacher agrees with the outcome
     e_r      = expm1(clip(q_r, −20, 20))                       0 at no signal; clip keeps it finite
-    ν_r      = e_r / (mean_{valid rows s of the group} |e_s| + 1e-6)
+    ν_r      = e_r / (max(mean_{valid rows s of the group} |e_s|, floor) + 1e-6)     floor = 0 (reference)
     g_r      = ν_r if |ν_r| > η else 0                         dead zone η (0)
     ĝ_r      = clip(g_r, −g_max, g_max)                        g_max = 0.2
     Â_r      = A_r · max(1 + λ·ĝ_r, 0.1)                       λ = 0.5; the floor keeps the sign of A
@@ -19,7 +19,8 @@ rescaled by how much the teacher agrees with the outcome; the objective stays GR
 The reflections get a GRPO update of their own (Stage A): with s_i the judge score of episode i's reflection,
 
     A^refl_i = (s_i − mean_j s_j) / (std_j s_j + 1e-6)        over the group's valid scores, population std;
-                                                               0 when fewer than 2 are valid; None if s_i is invalid
+                                                               0 when fewer than 2 are valid, and 0 if s_i is
+                                                               invalid (the reflection stays in the token mean)
     L_refl   = −α · token-mean_{reflection tokens}(A^refl_i · log π_θ(token))     α = 0.01
 
 (the on-policy surrogate: one update on freshly sampled reflections, where the importance ratio is 1).
@@ -27,6 +28,12 @@ The reflections get a GRPO update of their own (Stage A): with s_i the judge sco
 Numerical guards (ours): a row whose teacher or student log-probs are empty or not finite has no gap (δ = None);
 it keeps Â = A and is left out of the group's mean |e|. A group whose rows all lack a gap keeps Â = A. q is clipped
 to ±20 before expm1, as in the reference code.
+
+Hazard (inherited from the reference): ν rescales a group's gaps to unit mean |ν|, whatever their size, so gaps at
+noise level (|δ| ≈ 1e-6, e.g. the rounding of a bf16 forward) reach the same ±λ·g_max = ±10 % as real ones. The
+`floor` (`grsd_gap_floor`, 0 = the reference) is the smallest mean |e| a group is scaled by: with a floor of 0.01
+a group whose gaps average 1e-6 gets |ν| ≈ 1e-4, so it is left almost unmodulated, while gaps of a nat or so are
+unchanged.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ def turn_modulation(
     eta: float = 0.0,
     g_max: float = 0.2,
     eps: float = 1e-6,
+    floor: float = 0.0,
 ) -> list[float]:
     """The factors max(1 + λ·ĝ_r, 0.1) of the step rows of ONE mixed group (module docstring); 1 for rows without a
     gap (δ = None).
@@ -87,6 +95,7 @@ def turn_modulation(
         eta: η ≥ 0, the dead zone on |ν| (0).
         g_max: the clip of g (the launcher's 0.2; the reference function's default is 3.0).
         eps: added to the group's mean |e| (1e-6).
+        floor: the smallest mean |e| the group is scaled by (0 = the reference; see the module docstring).
 
     Example (the hand case of docs/methods/grsd.md): A = [+1, −1], δ = [0.2, 0.1] ⇒ q = [0.2, −0.1],
     e = [0.2214, −0.0952], mean|e| = 0.1583, ν = [1.3988, −0.6012], ĝ = [0.2, −0.2] ⇒ [1.1, 0.9]:
@@ -106,7 +115,7 @@ def turn_modulation(
     valid = [abs(e) for e in signals if e is not None]
     if not valid:
         return [1.0] * len(advantages)
-    scale = sum(valid) / len(valid) + eps  # mean over the group's valid rows of |e|, + 1e-6
+    scale = max(sum(valid) / len(valid), floor) + eps  # mean over the group's valid rows of |e| (≥ floor), + 1e-6
     factors = []
     for e in signals:
         if e is None:
@@ -128,6 +137,7 @@ def modulated_advantages(
     eta: float = 0.0,
     g_max: float = 0.2,
     eps: float = 1e-6,
+    floor: float = 0.0,
 ) -> list[float]:
     """Â_r = A_r·max(1 + λ·ĝ_r, 0.1) for the step rows of one group when it is mixed (m_x = 1), else A unchanged.
 
@@ -139,7 +149,7 @@ def modulated_advantages(
     if not mixed:
         _check_options(lam, eta, g_max)
         return [float(a) for a in advantages]
-    factors = turn_modulation(advantages, deltas, lam=lam, eta=eta, g_max=g_max, eps=eps)
+    factors = turn_modulation(advantages, deltas, lam=lam, eta=eta, g_max=g_max, eps=eps, floor=floor)
     return [float(a) * m for a, m in zip(advantages, factors, strict=True)]
 
 
@@ -158,22 +168,24 @@ def warmdown_lambda(lam: float, step: int, warmdown_steps: int) -> float:
 
 def reflection_advantages(
     scores: Sequence[float | None], *, min_valid: int = 2, eps: float = 1e-6
-) -> list[float | None]:
+) -> list[float]:
     """GRPO advantages of one group's reflections from their judge scores: the z-score over the valid scores
-    (population std, + 1e-6), 0 for every valid one when fewer than `min_valid` are valid, None for invalid ones
-    (they are left out of the loss).
+    (population std, + 1e-6); 0 for every one when fewer than `min_valid` are valid; 0 for an invalid score (None
+    or not finite), whose reflection stays in the loss's token mean, as in the reference
+    (`compute_group_normalized_advantage`: invalid rows get 0 and stay in the batch).
 
-    >>> [None if a is None else round(a, 4) for a in reflection_advantages([3, 1, None, 2])]  # mean 2, std 0.8165
-    [1.2247, -1.2247, None, 0.0]
+    >>> [round(a, 4) for a in reflection_advantages([3, 1, None, 2])]  # mean 2, std 0.8165
+    [1.2247, -1.2247, 0.0, 0.0]
     >>> reflection_advantages([2, None]), reflection_advantages([1, 1])
-    ([0.0, None], [0.0, 0.0])
+    ([0.0, 0.0], [0.0, 0.0])
     """
-    valid = [float(s) for s in scores if s is not None and math.isfinite(float(s))]
+    usable = [s is not None and math.isfinite(float(s)) for s in scores]
+    valid = [float(s) for s, ok in zip(scores, usable, strict=True) if ok]
     if len(valid) < min_valid:
-        return [None if s is None or not math.isfinite(float(s)) else 0.0 for s in scores]
+        return [0.0] * len(scores)
     mean = sum(valid) / len(valid)
     std = math.sqrt(sum((s - mean) ** 2 for s in valid) / len(valid))  # population std (numpy's default)
-    return [None if s is None or not math.isfinite(float(s)) else (float(s) - mean) / (std + eps) for s in scores]
+    return [(float(s) - mean) / (std + eps) if ok else 0.0 for s, ok in zip(scores, usable, strict=True)]
 
 
 def reflection_token_terms(logps: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:

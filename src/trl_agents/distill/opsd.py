@@ -22,7 +22,8 @@ The teacher never receives a gradient (it is detached here). Rules for inputs th
 - `generalized_jsd`: a −inf logit is a token of probability 0 and contributes 0 (0·log 0 = 0). A position whose
   student or teacher logits contain NaN or +inf, or no finite value at all, has no distribution to match: its loss
   is 0 and it sends no gradient. Under β = 0 a token the teacher can emit but the student gives probability exactly
-  0 makes KL(p_T ‖ p_S) infinite; it is reported as a huge finite number (~1e30), not inf.
+  0 makes KL(p_T ‖ p_S) infinite; it is reported as a huge finite number (~1e30; the largest finite value of the
+  output dtype when that is smaller, 65504 for float16), not inf.
 - `sampled_token_distillation`: a token whose teacher or student log-prob is not finite contributes 0.
 """
 
@@ -128,6 +129,12 @@ def generalized_jsd(
 
     if valid is not None:
         divergence = torch.where(valid, divergence, torch.zeros_like(divergence))
+    if out_dtype.is_floating_point and torch.finfo(out_dtype).max < torch.finfo(work).max:
+        # A value beyond the output dtype's range (the ~1e30 of a probability-0 student token under β = 0 is inf in
+        # float16, whose largest value is 65504) is reported as that largest finite value; the gradient is the
+        # unclamped one (straight through), so it stays what float32 computed.
+        largest = torch.finfo(out_dtype).max
+        divergence = divergence.clamp(max=largest).detach() + (divergence - divergence.detach())
     return divergence.to(out_dtype)
 
 

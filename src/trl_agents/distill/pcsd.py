@@ -13,7 +13,8 @@ support is attenuated. Per response token t of one turn (sg = stop-gradient):
     a_t      = v_t / (v_t + v₀)                                      v₀ = 0.1: low variance → short window
     δ_t      = (1 − a_t)·Δ̄^(N_s)_t + a_t·Δ̄^(N_l)_t                   N_s = 1, N_l = 8
     s_t      = OLS slope of Δ_k against k over W_{N_l}(t)             0 for a window of one token
-    η_t      = clip(1 − γ_tr·ReLU(−s_t / scale), 0, 1)                γ_tr = 0.5, scale = 1: damp declines only
+    η_t      = 1 − γ_tr·min(1, ReLU(−s_t / scale))                   γ_tr = 0.5, scale = 1: damp declines only,
+                                                                     by at most γ_tr (our guard, below)
     w_t      = σ(β·δ_t)·η_t                                          β = 5
     ℓ_t      = sg(w_t)·(log π_T(y_t) − log π_θ(y_t))                 ∂ℓ_t/∂log π_θ(y_t) = −w_t
     L        = L_GRPO + λ·token-mean(ℓ)                              λ = 0.01
@@ -21,6 +22,12 @@ support is attenuated. Per response token t of one turn (sg = stop-gradient):
 A window never crosses a turn: the turns of a row are the maximal runs of its loss mask (a step row is one turn; a
 conversation row's action spans are separated by environment tokens, which the mask excludes). With N_s = 1 the
 short mean is Δ_t itself, so a constant gap gives SDAR's gate σ(β·Δ) exactly.
+
+The saturation (our guard, `trend_saturate`): without it, η_t = clip(1 − γ_tr·ReLU(−s_t/scale), 0, 1) and the weight
+FALLS as support grows — an isolated spike of Δ = h at the start of a 4-token look-ahead window has slope −0.3·h, so
+w = 0.69 at h = 2 and w = 0 from h = 6.7 on, and a two-token turn Δ = [5, 0] gives its first token w = 0 where SDAR's
+gate gives 1. With the saturation a decline takes away at most the share γ_tr of the weight (w ≥ 0.5·σ(β·δ) at
+γ_tr = 0.5): the same spike keeps w = 0.50 at h = 6.7, and Δ = [5, 0] gives 0.50.
 
 Non-finite inputs: a token whose teacher or student log-prob is not finite has no gap. It gets w = 0 and ℓ = 0 (no
 gradient), and it is left out of every window it falls in (the other tokens keep their positions k, so the decay
@@ -91,6 +98,7 @@ def pcsd_weights(
     trend_scale: float = 1.0,
     window: str = "lookahead",
     mix: str = "variance",
+    trend_saturate: bool = True,
 ) -> torch.Tensor:
     """The detached PCSD weights w_t = σ(β·δ_t)·η_t of every token (module docstring); 0 off the mask and where Δ is
     not finite.
@@ -106,6 +114,8 @@ def pcsd_weights(
         trend_scale: the slope scale > 0 (1.0).
         window: "lookahead" (t…t+N−1, the default) or "causal" (t−N+1…t).
         mix: "variance" (a_t = v_t/(v_t+v₀)), "short" (a = 0: the short window only) or "long" (a = 1).
+        trend_saturate: η = 1 − γ_tr·min(1, ReLU(−s/scale)) (True: a decline takes away at most γ_tr of the weight)
+            or clip(1 − γ_tr·ReLU(−s/scale), 0, 1) (False: a steep decline, or a strong isolated spike, gives 0).
 
     Examples (β = 5 and the defaults; one turn each):
         >>> import torch
@@ -115,12 +125,18 @@ def pcsd_weights(
         >>> spike = torch.tensor([[0.0, 0, 0, 0, 2, 0, 0, 0]])
         >>> round(pcsd_weights(spike, ones(8))[0, 4].item(), 4)  # SDAR would give σ(10) = 1.0
         0.6934
+        >>> big = torch.tensor([[5.0, 0.0]])  # slope −5: unsaturated η = clip(1 − 2.5, 0, 1) = 0
+        >>> [round(w, 4) for w in pcsd_weights(big, ones(2))[0].tolist()]  # saturated: η = 1 − 0.5·min(1, 5)
+        [0.5, 0.5]
+        >>> pcsd_weights(big, ones(2), trend_saturate=False)[0, 0].item()
+        0.0
         >>> decline = torch.tensor([[1.0, 0.8, 0.6, 0.4, 0.2, 0.0]])
         >>> [round(w, 4) for w in pcsd_weights(decline, ones(6))[0].tolist()]  # SDAR: [0.9933, …, 0.7311, 0.5]
         [0.8864, 0.8713, 0.8402, 0.7765, 0.6513, 0.5]
     """
     check_weight_options(beta=beta, short_window=short_window, long_window=long_window, decay=decay,
-                         var_offset=var_offset, trend_coef=trend_coef, trend_scale=trend_scale, window=window, mix=mix)
+                         var_offset=var_offset, trend_coef=trend_coef, trend_scale=trend_scale, window=window, mix=mix,
+                         trend_saturate=trend_saturate)
     if delta.shape != mask.shape or delta.dim() != 2:
         raise ValueError(f"delta and mask must both be (B, T), got {tuple(delta.shape)} and {tuple(mask.shape)}")
     work = torch.promote_types(delta.dtype, torch.float32)
@@ -149,7 +165,10 @@ def pcsd_weights(
     x_centred = torch.where(valid, x - x_mean[..., None], torch.zeros_like(x))
     spread = (x_centred**2).sum(-1)
     slope = torch.where(spread > 0, (x_centred * centred).sum(-1) / spread.clamp(min=1e-30), torch.zeros_like(spread))
-    trend = (1.0 - trend_coef * torch.relu(-slope / trend_scale)).clamp(0.0, 1.0)  # η_t
+    decline = torch.relu(-slope / trend_scale)
+    if trend_saturate:  # our guard: a decline takes away at most the share γ_tr of the weight
+        decline = decline.clamp(max=1.0)
+    trend = (1.0 - trend_coef * decline).clamp(0.0, 1.0)  # η_t
 
     weights = torch.sigmoid(beta * smoothed) * trend  # w_t = σ(β·δ_t)·η_t
     return torch.where(usable, weights, torch.zeros_like(weights))
@@ -187,7 +206,7 @@ def pcsd_token_terms(
 
 
 def check_weight_options(
-    *, beta, short_window, long_window, decay, var_offset, trend_coef, trend_scale, window, mix
+    *, beta, short_window, long_window, decay, var_offset, trend_coef, trend_scale, window, mix, trend_saturate=True
 ) -> None:
     """A one-line ValueError naming the first option of `pcsd_weights` out of its range (the trainer's config
     prefixes it with `pcsd_`)."""
@@ -213,3 +232,5 @@ def check_weight_options(
         raise ValueError(f"window must be one of {', '.join(PCSD_WINDOWS)}, got {window!r}")
     if mix not in PCSD_MIXES:
         raise ValueError(f"mix must be one of {', '.join(PCSD_MIXES)}, got {mix!r}")
+    if not isinstance(trend_saturate, bool):
+        raise ValueError(f"trend_saturate must be True or False, got {trend_saturate!r}")

@@ -27,6 +27,7 @@ Forwards are chunked (rows and tokens per forward) so that memory stays bounded 
 | `verifier_atoms`     | env   | `env.verify()` atoms (last step of the episode)                           |
 | `privileged_context` | env   | `env.privileged_context()` before the action                              |
 | `admissible_actions` | env   | `env.admissible_actions()` before the action                              |
+| `state_key`          | env   | `Transition(key(s_t), key(s_t+1))` of `env.state_key()`                   |
 | `teacher_logprobs`   | model | log π_T(a_t,k | privileged prompt, a_t,<k) per action token               |
 | `entropy`            | model | entropy of π_θ(· | prompt, a_t,<k) per action token                       |
 | `hidden_states`      | model | pooled hidden state of the step prompt at a chosen layer (a tensor)        |
@@ -51,7 +52,7 @@ from .base import (
     required_capabilities,
     resolve_signals,
 )
-from .env import ADMISSIBLE_ACTIONS, PRIVILEGED_CONTEXT, SOLVER_VALUE, VERIFIER_ATOMS
+from .env import ADMISSIBLE_ACTIONS, PRIVILEGED_CONTEXT, SOLVER_VALUE, STATE_KEY, VERIFIER_ATOMS
 from .model import Entropy, HiddenStates, ModelSignalContext, TeacherLogprobs, TeacherPrompt
 from .teachers import TEACHER_KINDS, Teacher, build_teacher
 from .views import DEFAULT_TEMPLATE, PrivilegedView
@@ -62,6 +63,7 @@ __all__ = [
     "PRIVILEGED_CONTEXT",
     "SIGNALS",
     "SOLVER_VALUE",
+    "STATE_KEY",
     "TEACHER_KINDS",
     "TIMINGS",
     "VERIFIER_ATOMS",

@@ -6,6 +6,7 @@
 | `verifier_atoms`      | episode_end   | the atoms of `env.verify()` as dicts (last step only)    | `verify`             |
 | `privileged_context`  | before_step   | `env.privileged_context()`: text only a teacher may see  | `privileged_context` |
 | `admissible_actions`  | before_step   | `env.admissible_actions()` (None when it cannot list)    | none                 |
+| `state_key`           | transition    | `Transition(key(s_t), key(s_t+1))` of `env.state_key()`   | `state_key`          |
 
 Each function is module-level, so that it pickles to process and Ray workers, and returns JSON-able values (they
 travel back from workers and are written to the trajectory records).
@@ -45,6 +46,12 @@ def privileged_context(env) -> str:
     return context
 
 
+def state_key(env):
+    """`env.state_key()`: the canonical key of the current state; as a transition signal, the last step of an episode
+    gets the key of the state its action reached (the engine records a step's own key only before the action)."""
+    return env.state_key()
+
+
 def admissible_actions(env) -> list[str] | None:
     """`env.admissible_actions()`: the actions valid in the current state, or None when the env cannot list them."""
     actions = env.admissible_actions()
@@ -68,5 +75,10 @@ ADMISSIBLE_ACTIONS = EnvSignal(
     "env.admissible_actions() before every action (None where the env cannot list them)",
 )
 
-for _signal in (SOLVER_VALUE, VERIFIER_ATOMS, PRIVILEGED_CONTEXT, ADMISSIBLE_ACTIONS):
+STATE_KEY = EnvSignal(
+    "state_key", state_key, "transition", "state_key",
+    "env.state_key() before and after every step (the state an episode's last action reached)",
+)
+
+for _signal in (SOLVER_VALUE, VERIFIER_ATOMS, PRIVILEGED_CONTEXT, ADMISSIBLE_ACTIONS, STATE_KEY):
     register_signal(_signal.name, _signal)

@@ -61,6 +61,7 @@ class ADRSConfig(AgentGRPOConfig):
         adrs_clip (`float`, *optional*, defaults to `0.2`): Bound of the released teacher term (0 = none).
         adrs_adaptive_clip (`bool`, *optional*, defaults to `True`): Scale the bound by min(1, σ_g/median σ).
         adrs_unit (`str`, *optional*, defaults to `"auto"`): Rows of the statistics: `"step"`, `"episode"`, `"auto"`.
+        adrs_std_eps (`float`, *optional*, defaults to `1e-6`): ε of GRPO's z-score and the "σ_g ≈ 0" threshold.
         adrs_entropy_coef_active (`float` or `None`, *optional*): `entropy_coef` while the teacher term is on.
     """
 
@@ -113,6 +114,12 @@ class ADRSConfig(AgentGRPOConfig):
         "and std over the group's step rows, TVA over steps), 'episode' (each trajectory) or 'auto' (step for "
         "row_format='step', episode for 'conversation'). Our choice (the reference only has step rows)."},
     )
+    adrs_std_eps: float = field(
+        default=1e-6,
+        metadata={"help": "ε of GRPO's z-score (R − μ)/(σ + ε), also the σ below which a group gets no teacher term "
+        "(reference: verl's 1e-6). With 1e-6 a return difference of 1e-5 inside a group becomes advantages of ±0.6 "
+        "and switches the teacher term on; TRL's 1e-4 gives ±0.047 and leaves it off (docs/methods/adrs.md)."},
+    )
     adrs_entropy_coef_active: float | None = field(
         default=None,
         metadata={"help": "TRL's entropy_coef while η_eff > 0, entropy_coef itself otherwise (fix5 "
@@ -129,6 +136,8 @@ class ADRSConfig(AgentGRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.adrs_std_eps) and self.adrs_std_eps > 0):
+            raise ValueError(f"adrs_std_eps must be a finite number > 0 (reference: 1e-6), got {self.adrs_std_eps}")
         for name in ("adrs_tva_tau", "adrs_tva_temperature"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -208,6 +217,7 @@ class ADRSTrainer(AgentGRPOTrainer):
             clip=args.adrs_clip,
             adaptive=args.adrs_adaptive_clip,
             invalid_penalty=args.invalid_action_penalty,
+            std_eps=args.adrs_std_eps,
             gather=self._gather_values if self.accelerator.num_processes > 1 else None,
         )
         metrics = {f"adrs/{name}": stats[name] for name in ADRS_STATS}

@@ -997,6 +997,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         summed = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
         return self.accelerator.reduce(summed, reduction="sum").tolist()
 
+    def max_over_processes(self, value: float) -> float:
+        """The largest of `value` over all processes, in one all-reduce (as is with one process). Every process must
+        call it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return float(value)
+        local = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
+        return float(self.accelerator.gather(local).max())
+
     # ---- rollout and scoring --------------------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -6,10 +6,11 @@ The changes w.r.t. `AgentGRPOTrainer`:
   best tokens (branching score z(H)·z(Ω), falling back to z(H) when Ω says nothing) up to `appo_rollouts_per_task`
   episodes per task (n); a branch continues the rollout's own action tokens [0..t] with a fresh sample (the engine's
   token-prefix fork) and plays to the end;
-* `compute_advantages`: the dual-group credit — returns z-scored inside the initial group and inside the branch
-  group of the task; branches train nothing (advantage 0); an initial rollout's tokens up to a split point get
-  (A_o + mean of its branches' advantages) · M, M = 1 + (BS/BS_max)·0.9^{t_split − t} (math in
-  `trl_agents/credit/appo.py`);
+* `compute_advantages`: the dual-group credit of the released code — an initial rollout's rewards are scaled on
+  their tokens by M = 1 + (BS/BS_max)·0.9^{t_split − t} (averaged over its branches; BS_max the batch's largest split
+  score), then returns are z-scored (population σ) inside the initial group and inside the branch group of the task;
+  branches train nothing (advantage 0); an initial rollout's tokens up to a split point get A_o + the mean of its
+  branches' advantages (math in `trl_agents/credit/appo.py`);
 * `loss_advantages` (the future-KL scaling of the loss): Ã_t = A_t·(1 + b·f_t), f_t = clip(exp(FutureKL_t), 1, 1.2),
   from the per-token log-ratio between the policy being optimised and the rollout's old (or sampling) log-probs; a
   row with more than one dual-clipped negative-advantage token is dropped, and TRL's `delta` (two-sided clipping,
@@ -49,7 +50,7 @@ from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
 from .registry import MethodInfo
 
 STAT_NAMES = ("init_rollouts", "branches", "branch_points", "init_success_rate", "branch_success_rate",
-              "mean_prefix_scale", "prefix_tokens")
+              "mean_reward_scale", "prefix_tokens")
 FUTURE_KL_REFERENCES = ("old", "sampler")
 
 
@@ -62,11 +63,12 @@ class APPOConfig(AgentGRPOConfig):
     Args:
         appo_rollouts_per_task (`int`, *optional*, defaults to `16`): n (initial rollouts + branches + fill-ups).
         appo_branch_score (`str`, *optional*, defaults to `"bs"`): `"bs"` or `"entropy"` (ablation).
-        appo_future_decay_rate (`float`, *optional*, defaults to `64.0`): γ = 2^(−1/rate) of Ω and FutureKL.
+        appo_branch_gamma (`float`, *optional*, defaults to `1.0`): γ of Ω's future sum (branching).
+        appo_future_decay_rate (`float`, *optional*, defaults to `64.0`): γ = 2^(−1/rate) of FutureKL (loss).
         appo_future_value_clip (`float`, *optional*, defaults to `0.2`): ε of Ω's clip.
         appo_omega_tolerance (`float`, *optional*, defaults to `1e-4`): Ω spread below which it says nothing.
         appo_fill_budget (`bool`, *optional*, defaults to `True`): Unused budget becomes new initial rollouts.
-        appo_prefix_decay (`float`, *optional*, defaults to `0.9`): Decay of the prefix reward scale M.
+        appo_prefix_decay (`float`, *optional*, defaults to `0.9`): Decay of the reward scale M.
         appo_std_eps (`float`, *optional*, defaults to `1e-6`): ε of the dual-group z-scores.
         appo_future_kl (`bool`, *optional*, defaults to `True`): The future-KL scaling of the loss.
         appo_future_kl_weight (`float`, *optional*, defaults to `1.0`): b.
@@ -89,9 +91,14 @@ class APPOConfig(AgentGRPOConfig):
         metadata={"help": "How split tokens are ranked: 'bs' (z(H)·z(Ω), falling back to z(H) where Ω says nothing: "
         "an on-policy sampler, missing log-probs) or 'entropy' (z(H) always: the paper's BS→entropy ablation)."},
     )
+    appo_branch_gamma: float = field(
+        default=1.0,
+        metadata={"help": "γ in (0, 1] of the future value's sum Ω_t = exp(Σ_{j≥t} γ^(j−t)·Δ_j) that ranks split "
+        "points. APPO's released branching passes its algorithm.gamma, 1.0 in every launcher."},
+    )
     appo_future_decay_rate: float = field(
         default=64.0,
-        metadata={"help": "γ = 2^(−1/rate) of the future sums of Ω (branching) and FutureKL (loss); APPO: 64."},
+        metadata={"help": "γ = 2^(−1/rate) of FutureKL's sum in the loss scaling; APPO: decay_rate 64."},
     )
     appo_future_value_clip: float = field(
         default=0.2, metadata={"help": "ε of the future value's clip to [1 − ε, 1 + ε] (APPO: the PPO ε, 0.2)."}
@@ -109,13 +116,14 @@ class APPOConfig(AgentGRPOConfig):
         "global resampling when branching cannot fill the budget."},
     )
     appo_prefix_decay: float = field(
-        default=0.9, metadata={"help": "Decay of the prefix reward scale M_t = 1 + (BS/BS_max)·decay^(t_split − t)."}
+        default=0.9,
+        metadata={"help": "Decay of the reward scale M_t = 1 + (BS/BS_max)·decay^(t_split − t) on an initial "
+        "rollout's rewards at or before a split point (APPO: reward_scale_discount 0.9)."},
     )
     appo_std_eps: float = field(
         default=1e-6,
-        metadata={"help": "ε of the dual-group z-scores (R − μ)/(σ + ε), σ Bessel-corrected (verl's GRPO). A group of "
-        "one, or of equal returns, gets 0 (our choice, docs/methods/appo.md: verl's rule for one rollout, μ = 0 and "
-        "σ = 1, would train it with its raw return)."},
+        metadata={"help": "ε of the dual-group z-scores (R − μ)/(σ + ε), σ the population std (APPO's "
+        "compute_appo_advantage). A group of one, or of equal returns, gets 0, as in the released code."},
     )
     appo_future_kl: bool = field(
         default=True,
@@ -158,6 +166,8 @@ class APPOConfig(AgentGRPOConfig):
         if self.appo_rollouts_per_task < self.num_generations:
             raise ValueError(f"appo_rollouts_per_task must be >= num_generations (the initial rollouts, "
                              f"{self.num_generations}), got {self.appo_rollouts_per_task}")
+        if not 0.0 < self.appo_branch_gamma <= 1.0:
+            raise ValueError(f"appo_branch_gamma must be in (0, 1] (APPO: 1.0), got {self.appo_branch_gamma}")
         for name in ("appo_future_decay_rate", "appo_dual_clip", "appo_safety_ratio", "appo_omega_tolerance",
                      "appo_std_eps"):
             value = getattr(self, name)
@@ -183,7 +193,7 @@ class APPOTrainer(AgentGRPOTrainer):
     and `loss_advantages`.
 
     Logs `appo/init_rollouts`, `appo/branches`, `appo/branch_points`, `appo/init_success_rate`,
-    `appo/branch_success_rate`, `appo/mean_prefix_scale`, `appo/prefix_tokens` (per task), the topology's
+    `appo/branch_success_rate`, `appo/mean_reward_scale`, `appo/prefix_tokens` (per task), the topology's
     `topology/branches_per_task`, `topology/fill_rollouts_per_task`, `topology/omega_fallback_fraction`, and in the
     loss `appo/future_kl_factor` (mean 1 + b·f over trained tokens) and `appo/dropped_row_fraction`.
     """
@@ -203,7 +213,7 @@ class APPOTrainer(AgentGRPOTrainer):
     @classmethod
     def topology_options(cls, args: Any) -> dict[str, Any]:
         return {"rollouts_per_task": args.appo_rollouts_per_task, "score": args.appo_branch_score,
-                "decay_rate": args.appo_future_decay_rate, "value_clip": args.appo_future_value_clip,
+                "gamma": args.appo_branch_gamma, "value_clip": args.appo_future_value_clip,
                 "omega_tolerance": args.appo_omega_tolerance, "fill_budget": args.appo_fill_budget}
 
     def build_topology(self) -> Topology:
@@ -214,12 +224,16 @@ class APPOTrainer(AgentGRPOTrainer):
     def compute_advantages(self, groups: list[Group]) -> list[list[list]]:
         args = self.args
         points = list(getattr(self.rollout_topology, "branch_points", []))
+        branch_ids = [{t.episode_id for t in g.trajectories if t.parent_id is not None} for g in groups]
+        landed = [p.score for p in points if p.task_index < len(groups) and p.episode_id in branch_ids[p.task_index]]
+        # BS_max over the whole batch, every process (the released code scales with the batch's largest score)
+        score_max = self.max_over_processes(max(landed, default=0.0))
         advantages, stats = [], []
         for index, group in enumerate(groups):
             own = [p for p in points if p.task_index == index]
             _check_branches(group, own)
             group_advantages, group_stats = appo_advantages(
-                group, own, prefix_decay=args.appo_prefix_decay, eps=args.appo_std_eps,
+                group, own, score_max=score_max, prefix_decay=args.appo_prefix_decay, eps=args.appo_std_eps,
                 invalid_penalty=args.invalid_action_penalty,
             )
             advantages.append(group_advantages)

@@ -4,10 +4,10 @@ The changes w.r.t. `AgentGRPOTrainer`: the `branching` topology — `num_generat
 then, at each backbone's `bpo_branch_points` highest-entropy decisions, `bpo_branch_factor − 1` siblings forked from
 the environment snapshot taken before that step (each samples its own action there and plays to the end; the shared
 prefix is generated and recorded once) — and `compute_advantages`: the sibling leave-one-out advantage
-A_i = R_i − mean_{j≠i} R_j on the branch action and everything after it, optionally propagated to the shared prefix
-as λ^d·A_i (λ = `bpo_prefix_decay`, d actions before the branch point), plus a leave-one-out term among the
-backbones (math in `trl_agents/credit/bpo.py`). Note the zero-sum caveat: Σ_i A_i = 0 over a sibling set, so a
-prefix trained once receives λ^d·Σ_i A_i = 0 from it. Compute is accounted as total generated tokens and env steps
+A_i = R_i − mean_{j≠i} R_j on the branch action and everything after it, plus a leave-one-out term among the
+backbones (math in `trl_agents/credit/bpo.py`). The paper's prefix propagation (λ^d·A_i on the shared prefix) is
+not a field: Σ_i A_i = 0 over a sibling set, so a prefix trained once receives λ^d·Σ_i A_i = 0 from it whatever λ
+(docs/methods/bpo.md). Compute is accounted as total generated tokens and env steps
 (`rollout/generated_tokens`, `rollout/env_steps`, and per task `bpo/generated_tokens_per_task`).
 
 Example:
@@ -48,8 +48,6 @@ class BPOConfig(AgentGRPOConfig):
         bpo_branch_points (`int`, *optional*, defaults to `1`): Branch points per backbone.
         bpo_branch_factor (`int`, *optional*, defaults to `4`): K, siblings per branch point (backbone included).
         bpo_branch_score (`str`, *optional*, defaults to `"entropy_mean"`): How decision points are ranked.
-        bpo_prefix_decay (`float`, *optional*, defaults to `0.95`): λ of the prefix propagation.
-        bpo_propagate_prefix (`bool`, *optional*, defaults to `True`): Propagate λ^d·A_i to the shared prefix.
         bpo_backbone_weight (`float`, *optional*, defaults to `1.0`): Weight of the leave-one-out term among backbones.
         topology (`str`, *optional*, defaults to `"branching"`).
     """
@@ -71,14 +69,6 @@ class BPOConfig(AgentGRPOConfig):
         "frozen implementation scores the first non-protocol token), 'entropy_first' (the action's first token), "
         "or 'random' (a control)."},
     )
-    bpo_prefix_decay: float = field(
-        default=0.95, metadata={"help": "λ: a shared-prefix action d steps before the branch point gets λ^d·A_i."}
-    )
-    bpo_propagate_prefix: bool = field(
-        default=True,
-        metadata={"help": "Propagate λ^d·A_i to the shared prefix. Rows train the prefix once with the sum over its "
-        "siblings, which is 0 for leave-one-out values (the zero-sum caveat, docs/methods/bpo.md)."},
-    )
     bpo_backbone_weight: float = field(
         default=1.0,
         metadata={"help": "Weight of a leave-one-out advantage among the task's backbones on their whole path (0 "
@@ -97,8 +87,6 @@ class BPOConfig(AgentGRPOConfig):
         if self.bpo_branch_factor < 2:
             raise ValueError(f"bpo_branch_factor must be >= 2 (K siblings incl. the backbone), got "
                              f"{self.bpo_branch_factor}")
-        if not 0.0 <= self.bpo_prefix_decay <= 1.0:
-            raise ValueError(f"bpo_prefix_decay must be in [0, 1] (BPO: 0.95), got {self.bpo_prefix_decay}")
         if not (math.isfinite(self.bpo_backbone_weight) and self.bpo_backbone_weight >= 0):
             raise ValueError(f"bpo_backbone_weight must be a finite number >= 0, got {self.bpo_backbone_weight}")
         if self.topology != "branching":
@@ -132,8 +120,6 @@ class BPOTrainer(AgentGRPOTrainer):
         args = self.args
         advantages = self.advantages_with_stats(
             "bpo", STAT_NAMES, groups, bpo_advantages_with_stats,
-            prefix_decay=args.bpo_prefix_decay,
-            propagate_prefix=args.bpo_propagate_prefix,
             backbone_weight=args.bpo_backbone_weight,
             invalid_penalty=args.invalid_action_penalty,
         )

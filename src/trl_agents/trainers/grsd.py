@@ -7,8 +7,8 @@ What changes w.r.t. `AgentGRPOTrainer`, after each training rollout (math in `tr
    `grsd_max_history_turns` turns), in ONE batched call of the trainer's own generator (vLLM when enabled).
 2. A judge scores each reflection 0–3 (`grsd_judge`: the policy itself by default, an OpenAI-compatible endpoint,
    a local transformers model, or a callable passed as `judge=`). An answer without a score on the scale, a timeout
-   or an error is an INVALID judgement: counted (`grsd/invalid_judgements`), left out of the reflection loss,
-   training goes on.
+   or an error is an INVALID judgement: counted (`grsd/invalid_judgements`), its reflection kept in the reflection
+   loss with advantage 0 (as the reference does), training goes on.
 3. The reflection GRPO term (`compute_auxiliary_loss`): −α·token-mean(A^refl·log π_θ(reflection tokens)), the
    judge scores z-scored within each group; every micro-batch of the generation batch forwards its share of the
    reflections, so that the sum over micro-batches and processes is the token mean over all of them.
@@ -83,6 +83,7 @@ class GRSDConfig(AgentGRPOConfig):
         grsd_lambda (`float`, defaults to `0.5`): λ of the modulation A·max(1 + λ·ĝ, 0.1).
         grsd_eta (`float`, defaults to `0.0`): η, dead zone on the normalised signal.
         grsd_g_max (`float`, defaults to `0.2`): clip of the signal g.
+        grsd_gap_floor (`float`, defaults to `0.0`): smallest mean |e| a group's gaps are scaled by (0 = reference).
         grsd_warmdown_steps (`int`, defaults to `0`): linear warm-down of λ to 0 (0 = off).
         grsd_reflect_coef (`float`, defaults to `0.01`): α, weight of the reflection GRPO term.
         grsd_judge (`str`, defaults to `"policy"`): `"policy"`, `"endpoint"` or `"local"`.
@@ -98,6 +99,13 @@ class GRSDConfig(AgentGRPOConfig):
         default=0.2,
         metadata={"help": "Clip of the normalised signal g to ±g_max (GRSD launcher: 0.2; the reference function's "
         "default is 3.0)."},
+    )
+    grsd_gap_floor: float = field(
+        default=0.0,
+        metadata={"help": "Smallest mean |e| a group's gaps are divided by in ν = e/(max(mean|e|, floor) + 1e-6). 0 = "
+        "the reference: every mixed group's gaps are rescaled to unit mean, so gaps at noise level (|δ| ≈ 1e-6, e.g. "
+        "a bf16 forward) get the full ±λ·g_max modulation; e.g. 0.01 leaves such groups almost unmodulated and real "
+        "gaps unchanged. Our guard, docs/methods/grsd.md."},
     )
     grsd_warmdown_steps: int = field(
         default=0,
@@ -184,6 +192,7 @@ class GRSDConfig(AgentGRPOConfig):
         super().__post_init__()
         for name, lowest, strict in (("grsd_lambda", 0.0, False), ("grsd_eta", 0.0, False),
                                      ("grsd_g_max", 0.0, True), ("grsd_reflect_coef", 0.0, False),
+                                     ("grsd_gap_floor", 0.0, False),
                                      ("grsd_judge_timeout", 0.0, True)):
             value = getattr(self, name)
             if not (math.isfinite(value) and (value > lowest if strict else value >= lowest)):
@@ -312,7 +321,7 @@ class GRSDTrainer(AgentGRPOTrainer):
             trajectory.steps[-1].signals[JUDGE_SCORE] = scores[index]
         for members in by_group.values():
             for index, advantage in zip(members, reflection_advantages([scores[i] for i in members]), strict=True):
-                if advantage is not None and out.completion_ids[index]:
+                if out.completion_ids[index]:
                     self._reflection_batch.append((prompts[index], list(out.completion_ids[index]), advantage))
 
         start = time.perf_counter()  # Stage B: one batched (greedy) generation for the mixed groups
@@ -404,8 +413,9 @@ class GRSDTrainer(AgentGRPOTrainer):
                     rows.append((i, t))
                     flat.append(float(group_advantages[i][t]))
                     deltas.append(turn_logprob_gap(step.signals.get(TEACHER), student))
-            modulated = modulated_advantages(flat, deltas, True, lam=lam, eta=args.grsd_eta, g_max=args.grsd_g_max)
-            factors += turn_modulation(flat, deltas, lam=lam, eta=args.grsd_eta, g_max=args.grsd_g_max)
+            options = {"lam": lam, "eta": args.grsd_eta, "g_max": args.grsd_g_max, "floor": args.grsd_gap_floor}
+            modulated = modulated_advantages(flat, deltas, True, **options)
+            factors += turn_modulation(flat, deltas, **options)
             gaps += [d for d in deltas if d is not None]
             new = [list(map(float, row)) for row in group_advantages]
             for (i, t), value in zip(rows, modulated, strict=True):

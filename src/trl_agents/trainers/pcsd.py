@@ -48,6 +48,7 @@ class PCSDConfig(AgentGRPOConfig):
         pcsd_var_offset (`float`, *optional*, defaults to `0.1`): v₀ of a = v/(v + v₀).
         pcsd_trend_coef (`float`, *optional*, defaults to `0.5`): γ_tr of the trend factor.
         pcsd_trend_scale (`float`, *optional*, defaults to `1.0`): Scale of the slope in the trend factor.
+        pcsd_trend_saturate (`bool`, *optional*, defaults to `True`): A decline takes away at most γ_tr of w.
         pcsd_window (`str`, *optional*, defaults to `"lookahead"`): `"lookahead"` or `"causal"` windows.
         pcsd_mix (`str`, *optional*, defaults to `"variance"`): How a_t mixes the windows.
         teacher (`str`, *optional*, defaults to `"frozen"`): The step-0 policy.
@@ -80,11 +81,21 @@ class PCSDConfig(AgentGRPOConfig):
     )
     pcsd_trend_coef: float = field(
         default=0.5,
-        metadata={"help": "γ_tr >= 0 of η_t = clip(1 − γ_tr·ReLU(−slope/scale), 0, 1) (0 = no trend factor, the "
+        metadata={"help": "γ_tr >= 0 of η_t = 1 − γ_tr·min(1, ReLU(−slope/scale)) (0 = no trend factor, the "
         "'−trend' ablation). Our choice: 0.5."},
     )
     pcsd_trend_scale: float = field(
-        default=1.0, metadata={"help": "Scale > 0 dividing the window's OLS slope in η_t. Our choice: 1.0."}
+        default=1.0,
+        metadata={"help": "Scale > 0 dividing the window's OLS slope in η_t, in nats per token. Our choice: 1.0; a "
+        "strong isolated spike of support (Δ = 5 then 0) reads as a decline of 5 nats per token at this scale "
+        "(docs/methods/pcsd.md)."},
+    )
+    pcsd_trend_saturate: bool = field(
+        default=True,
+        metadata={"help": "Our guard (docs/methods/pcsd.md): a decline takes away at most the share γ_tr of a "
+        "token's weight. False: η_t = clip(1 − γ_tr·ReLU(−slope/scale), 0, 1), where the weight falls as a spike "
+        "of support grows and reaches 0 (a spike of 6.7 nats in a 4-token window; Δ = [5, 0] gives its first "
+        "token 0 where SDAR gives 1)."},
     )
     pcsd_window: str = field(
         default="lookahead",
@@ -120,6 +131,7 @@ class PCSDConfig(AgentGRPOConfig):
             "beta": self.pcsd_beta, "short_window": self.pcsd_short_window, "long_window": self.pcsd_long_window,
             "decay": self.pcsd_decay, "var_offset": self.pcsd_var_offset, "trend_coef": self.pcsd_trend_coef,
             "trend_scale": self.pcsd_trend_scale, "window": self.pcsd_window, "mix": self.pcsd_mix,
+            "trend_saturate": self.pcsd_trend_saturate,
         }
 
 

@@ -2,7 +2,8 @@
 
 The changes w.r.t. `AgentGRPOTrainer`: `compute_advantages` gives each step the 3SPO step reward (novelty, change
 of the historical state score, success), centred among the group's steps taken from the same state (math in
-`trl_agents/credit/sspo.py`); and the trainer keeps a persistent table of state-visit statistics
+`trl_agents/credit/sspo.py`); the `state_key` signal records the state each action reached, so that the state after
+an episode's last action is looked up in the table like any other (as the 3SPO code does); and the trainer keeps a persistent table of state-visit statistics
 (`trainer.state_scores`, a `StateScoreTable`), updated from every training rollout, written as
 `state_scores.json` with every checkpoint and read back by `train(resume_from_checkpoint=...)`.
 
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..credit.sspo import MODES, SCOPES, TERMINAL_SCORES, StateScoreTable, sspo_advantages_with_stats
+from ..credit.sspo import MODES, SCOPES, STATE_KEY_SIGNAL, StateScoreTable, sspo_advantages_with_stats
 from ..rollout.topologies.state_score import StateScoreTopology
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -71,7 +72,6 @@ class SSPOConfig(AgentGRPOConfig):
         sspo_mode (`str`, *optional*, defaults to `"mean_norm"`): Centring only, or centring and std scaling.
         episode_advantage_w (`float`, *optional*): Weight of an added episode-level advantage (None: 1.0 with
             independent episodes, 0.0 with the adaptive allocation).
-        terminal_score (`str`, *optional*, defaults to `"current"`): Score of the unrecorded final state.
         sspo_allocation (`str`, *optional*, defaults to `"independent"`): G independent episodes, or 3SPO's adaptive
             allocation with ranked backtracking (topology `"state_score"`).
         sspo_g_max (`int`, *optional*, defaults to `8`): G_max of n(s) = ceil(G_max·S(s)).
@@ -114,13 +114,6 @@ class SSPOConfig(AgentGRPOConfig):
         "(docs/methods/3spo.md, 'Our choices'): R_3SPO gives no credit to the steps before an outcome, and without "
         "branching nothing else does (FrozenLake benchmark, seed 0: −9.7 points with 0, +8.0 with 1). 0 = the 3SPO "
         "code (R_3SPO only, it already holds 0.5·success)."},
-    )
-
-    terminal_score: str = field(
-        default="current",
-        metadata={"help": "S of the state after an episode's last action, which the rollout does not record: "
-        "'current' (S(s_t): no score change on the last step) or 'unseen' (1, as the table never counts it). Our "
-        "choice (docs/methods/3spo.md, 'Our choices'; the 3SPO code observes that state)."},
     )
 
     sspo_allocation: str = field(
@@ -166,7 +159,6 @@ class SSPOConfig(AgentGRPOConfig):
         if self.sspo_max_samples is not None and self.sspo_max_samples < 1:
             raise ValueError(f"sspo_max_samples must be >= 1 or None (= num_generations), got {self.sspo_max_samples}")
         check_choice("state_scope", self.state_scope, SCOPES)
-        check_choice("terminal_score", self.terminal_score, TERMINAL_SCORES)
         check_choice("sspo_mode", self.sspo_mode, MODES)
         for name in ("score_alpha", "score_xi", "score_zeta", "omega_k"):
             value = getattr(self, name)
@@ -197,6 +189,7 @@ class SSPOTrainer(AgentGRPOTrainer):
                    tests=("tests/test_credit_3spo.py", "tests/test_sspo_allocation.py")),
     )
     required_env_capabilities = ("state_key",)
+    signals = (STATE_KEY_SIGNAL,)  # env.state_key() after every step: s_{t+1} after an episode's last action
     supports_trees = True  # credit/sspo.py counts a shared step once, in the trajectory that owns it
 
     @classmethod
@@ -206,7 +199,6 @@ class SSPOTrainer(AgentGRPOTrainer):
         if get("topology", "independent") != StateScoreTopology.name:
             return super().topology_options(args)
         return {"g_max": get("sspo_g_max", 8), "max_samples": get("sspo_max_samples"),
-                "terminal_score": get("terminal_score", "current"),
                 "min_root_rollouts": get("sspo_min_root_rollouts", 2)}
 
     def __init__(self, *args, **kwargs):
@@ -232,7 +224,6 @@ class SSPOTrainer(AgentGRPOTrainer):
                 table=self.state_scores,
                 mode=args.sspo_mode,
                 episode_weight=args.episode_advantage_w,
-                terminal_score=args.terminal_score,
                 invalid_penalty=args.invalid_action_penalty,
             )
             advantages.append(group_advantages)

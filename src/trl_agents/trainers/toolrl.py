@@ -17,8 +17,8 @@ The changes w.r.t. `AgentGRPOTrainer`, each a config switch (all off except the 
 3. **Off-policy GT supervision (OPS)** (`toolrl_replace_num` > 0): in every group, that many rollouts are teacher
    forced on the GT action of every turn (the `supervised` topology; the environment is stepped with them and
    rewarded as usual). Loss on their tokens: TRL's (`toolrl_off_policy_loss="vanilla"`, the released launcher), or
-   LUFFY's shaping (`"luffy"`): −A·clip(π_θ/(π_θ+γ), 1−ε_low, 1+ε_high), the clipped ratio loss unchanged on the
-   other tokens.
+   LUFFY's shaping (`"luffy"`): the released actor's max(−A·f, −A·clip(f, 1−ε_low, 1+ε_high)), f = π_θ/(π_θ+γ), the
+   clipped ratio loss unchanged on the other tokens.
 4. **Hint guidance (HBG)** (`toolrl_hint_num` > 0): that many rollouts per group sample with a hint after the system
    prompt (a dataset column, `toolrl_hint_column`, or our template over the GT plan); the trained prompt is the
    hint-free one (off-policy tokens, TRL's loss).
@@ -125,15 +125,16 @@ class ToolRLConfig(AgentGRPOConfig):
     toolrl_off_policy_loss: str = field(
         default="vanilla",
         metadata={"help": "Loss on the teacher-forced tokens: 'vanilla' (TRL's clipped loss, as the released launcher "
-        "runs OPS) or 'luffy' (−A·f with f = π/(π+γ), the actor's sft_replace option)."},
+        "runs OPS) or 'luffy' (max(−A·f, −A·clip(f)) with f = π/(π+γ), the actor's sft_replace option)."},
     )
     toolrl_luffy_gamma: float = field(
         default=0.1, metadata={"help": "γ of LUFFY's shaping f = π/(π+γ) (0.1 in the released actor)."}
     )
     toolrl_luffy_clip: bool = field(
         default=True,
-        metadata={"help": "Clamp f to [1 − epsilon, 1 + epsilon_high], as the released actor does (f then only moves "
-        "for π >= 0.4 with ε = 0.2); False: LUFFY's unclipped f."},
+        metadata={"help": "The released actor's pessimistic clip: loss max(−A·f, −A·clip(f, 1 − epsilon, 1 + "
+        "epsilon_high)), so a ground-truth token with A > 0 keeps LUFFY's push at any π and one with A < 0 stops "
+        "being pushed down once f < 1 − epsilon; False: LUFFY's plain −A·f."},
     )
     toolrl_hint_num: int = field(
         default=0,
@@ -377,8 +378,8 @@ class ToolRLTrainer(AgentGRPOTrainer):
         clip = (1.0 - self.epsilon_low, 1.0 + self.epsilon_high) if self.args.toolrl_luffy_clip else None
         gamma = self.args.toolrl_luffy_gamma
         loss = off_policy_token_loss(per_token_logps, inputs["advantages"], forced, gamma, clip)
-        self.log_token_means({"toolrl/luffy_ratio": shaped_off_policy_ratio(per_token_logps.detach(), gamma, clip)},
-                             forced)
+        self.log_token_means({"toolrl/luffy_ratio": shaped_off_policy_ratio(per_token_logps.detach(), gamma)},
+                             forced)  # f = π/(π + γ), before the clip
         return self.batch_token_mean(loss, forced, inputs)
 
     # ---- resume: the ETS window, the phase count and the monitor's baselines ------------------------------------

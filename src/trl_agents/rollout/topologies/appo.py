@@ -36,10 +36,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...credit.appo import (
-    DEFAULT_DECAY_RATE,
+    DEFAULT_BRANCH_GAMMA,
     BranchPoint,
     branching_scores,
-    decay_gamma,
     future_values,
     is_punctuation,
     token_offsets,
@@ -94,7 +93,8 @@ class TokenBranchingTopology(Topology):
         rollouts_per_task: n, episodes per task in all (initial rollouts + branches + fill-ups); the initial ones are
             the rollout's `num_generations`.
         score: `"bs"` (z(H)·z(Ω), falling back to z(H)) or `"entropy"` (z(H) always).
-        decay_rate: γ = 2^(−1/decay_rate) of Ω's future sum.
+        gamma: γ ∈ (0, 1] of Ω's future sum Σ_{j≥t} γ^{j−t} Δ_j (the released branching passes its
+            `algorithm.gamma`, 1.0 in every launcher).
         value_clip: ε of Ω's clip to [1 − ε, 1 + ε].
         omega_tolerance: Ω whose spread (population σ over the rollout's scored tokens) is below this says nothing.
         fill_budget: Launch the budget that no eligible split point takes as new initial rollouts.
@@ -110,7 +110,7 @@ class TokenBranchingTopology(Topology):
         self,
         rollouts_per_task: int = 16,
         score: str = "bs",
-        decay_rate: float = DEFAULT_DECAY_RATE,
+        gamma: float = DEFAULT_BRANCH_GAMMA,
         value_clip: float = 0.2,
         omega_tolerance: float = 1e-4,
         fill_budget: bool = True,
@@ -120,13 +120,13 @@ class TokenBranchingTopology(Topology):
             raise ValueError(f"rollouts_per_task must be an integer >= 1, got {rollouts_per_task!r}")
         if score not in TOKEN_BRANCH_SCORES:
             raise ValueError(f"score must be one of {', '.join(map(repr, TOKEN_BRANCH_SCORES))}, got {score!r}")
-        if not (math.isfinite(decay_rate) and decay_rate > 0):
-            raise ValueError(f"decay_rate must be a positive number (APPO: 64), got {decay_rate!r}")
+        if not (isinstance(gamma, int | float) and 0.0 < gamma <= 1.0):
+            raise ValueError(f"gamma must be in (0, 1] (APPO's released branching: 1.0), got {gamma!r}")
         if not 0.0 <= value_clip < 1.0:
             raise ValueError(f"value_clip must be in [0, 1) (APPO: 0.2), got {value_clip!r}")
         self.rollouts_per_task = rollouts_per_task
         self.score = score
-        self.gamma = decay_gamma(decay_rate)
+        self.gamma = float(gamma)
         self.value_clip = value_clip
         self.omega_tolerance = omega_tolerance
         self.fill_budget = fill_budget

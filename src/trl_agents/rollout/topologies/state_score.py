@@ -25,10 +25,11 @@ Each task runs a depth-first search over its environment, all tasks in lock-step
 
 Decisions read the trainer's persistent table (`table`, set by `SSPOTrainer`) plus the episodes this rollout has
 finished so far, on a copy: the trainer's table itself is updated after the rollout's credit (the credit reads it as
-it stood before the batch). R_3SPO of a sibling needs h(s'), the state its action reached; the engine records a
-state's key only when an episode acts from it, so s' is recognised by its observation among the states this task's
-episodes acted from in this rollout, and otherwise follows the credit's `terminal_score` rule (S(s') := S(s) for
-"current", 1 for "unseen"), as in `credit.sspo` — our choice (docs/methods/3spo.md#our-choices). The explored-action
+it stood before the batch). R_3SPO of a sibling needs h(s'), the state its action reached: the key the `state_key`
+signal recorded after the action (`SSPOTrainer` declares it), scored from the table as the 3SPO code does
+(`credit.sspo.next_state`); without that signal, s' is recognised by its observation among the states this task's
+episodes acted from in this rollout, and otherwise follows `terminal_score` (S(s') := S(s) for "current", 1 for
+"unseen"). The explored-action
 sets live for one rollout and one task (the 3SPO code keeps one global set, which would leave nothing to explore
 after a few rollouts); an action is the environment's parsed action (`info["action"]`) or the stripped text.
 
@@ -49,7 +50,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...credit.sspo import TERMINAL_SCORES, StateScoreTable, state_identity, transition_reward
+from ...credit.sspo import TERMINAL_SCORES, StateScoreTable, next_state, state_identity, transition_reward
 from ...trajectory import Group, Trajectory
 from .base import Fork, Hold, Launch, Request, RolloutView, Stop, Topology
 
@@ -96,8 +97,8 @@ class StateScoreTopology(Topology):
         g_max: G_max of Eq. 3 (3SPO: 8).
         max_samples: Finished trajectories per task (3SPO `max_samples_per_prompt`: 32); None = the rollout's
             `num_generations`.
-        terminal_score: S of a sibling's next state when it is not recognised ("current" or "unseen", as the
-            credit's `terminal_score`).
+        terminal_score: S of a sibling's next state when it is not recorded nor recognised ("current" or "unseen",
+            as the credit's `terminal_score`; with the trainer's `state_key` signal it never applies).
         table: The persistent state-score table (`SSPOTrainer` sets its own); None = an empty one.
         min_root_rollouts: At least this many actions from a task's initial state, whatever n(s_0) says (2: our
             choice, docs/methods/3spo.md#our-choices). With α = 50 a start state that has ever led to a success
@@ -245,15 +246,15 @@ class StateScoreTopology(Topology):
         self._follow(view, index, search, best, requests)
 
     def _reward(self, group: Group, trajectory: Trajectory, step: int, observed: dict[str, Hashable]) -> float:
-        """R_3SPO of `trajectory`'s action at `step` from the rollout's table (next state: its next step's, else
-        recognised by observation, else the `terminal_score` rule)."""
+        """R_3SPO of `trajectory`'s action at `step` from the rollout's table (next state: its next step's, else the
+        one its action reached, `credit.sspo.next_state`, else the `terminal_score` rule)."""
         recorded = trajectory.steps[step]
         if step + 1 < len(trajectory.steps):
-            next_state = state_identity(trajectory.steps[step + 1])
+            reached = state_identity(trajectory.steps[step + 1])
         else:
-            next_state = observed.get(recorded.next_observation) if recorded.next_observation is not None else None
+            reached = next_state(recorded, observed)
         success = bool(trajectory.success) and step == len(trajectory.steps) - 1
-        return transition_reward(self._local, state_identity(recorded), next_state, success, group.task_id,
+        return transition_reward(self._local, state_identity(recorded), reached, success, group.task_id,
                                  valid=recorded.valid, terminal_score=self.terminal_score)
 
     def _follow(self, view, index, search, trajectory, requests) -> None:
