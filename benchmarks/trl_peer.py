@@ -142,6 +142,7 @@ def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turn
 
     from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
     from trl_agents.envs import get_env_class
+    from trl_agents.trainers import agent_grpo
 
     config = AgentGRPOConfig(output_dir=str(output_dir), **common_settings(args), env_name=env, max_turns=max_turns,
                              history_length=2, row_format=row_format, max_prompt_length=None,
@@ -161,9 +162,10 @@ def run_agent(model_dir, tokenizer, args, output_dir, env="frozenlake", max_turn
 
         trainer._engine = engine
         for name, part in (("compute_signals", "signals"), ("compute_advantages", "credit"),
-                           ("_pad_rows", "rows and padding"), ("_add_old_and_ref_logps", "old/ref log-probs"),
+                           ("_add_old_and_ref_logps", "old/ref log-probs"),
                            ("_save_trajectories", "records"), ("_log_rollout", "logging")):
             timer.wrap(trainer, name, part)
+        timer.wrap(agent_grpo, "pad_rows", "rows and padding")  # a stage function the trainer calls
 
         class OptimizerTimer(TrainerCallback):
             def on_pre_optimizer_step(self, args, state, control, **kwargs):

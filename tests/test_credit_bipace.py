@@ -491,11 +491,11 @@ def test_rollout_capture_equals_the_extra_forward(backend, tiny_model, tokenizer
     for pooling in ("last_token", "mean"):
         config = make_config(tmp_path, pooling=pooling, generation_backend=backend)
         trainer = BiPACETrainer(model=tiny_model, args=config, train_dataset=TASKS, processing_class=tokenizer)
-        signal = trainer._signal_cache["hidden_states"]
+        signal = trainer.model_signal("hidden_states")
         signal.reset()
-        trainer._capturing = True
+        trainer.signal_phase.capturing = True
         batch = trainer._engine().run(TASKS[:2], num_generations=4)
-        trainer._capturing = False
+        trainer.signal_phase.capturing = False
         trainer.compute_signals(batch.groups)
         matrices = trainer.step_hidden_states(batch.groups)
         assert signal.stats["rollout_fraction"] == 1.0 and [tuple(m.shape) for m in matrices] == [(8, 32), (8, 32)]

@@ -24,7 +24,7 @@ from trl_agents.credit.igrpo import (
     weighted_advantages,
     weighted_mean_std,
 )
-from trl_agents.rollout.rows import step_values
+from trl_agents.training.credit_phase import step_values
 from trl_agents.trajectory import Group, Step, Trajectory
 
 

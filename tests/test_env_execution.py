@@ -576,7 +576,7 @@ def test_a_long_phase_without_a_timeout_is_reported_with_the_option_to_set(caplo
 
 def test_groups_shrunk_to_one_episode_are_not_trained_unless_asked():
     from trl_agents.credit.gigpo import gigpo_advantages
-    from trl_agents.trainers.agent_grpo import trainable_groups
+    from trl_agents.training.credit_phase import trainable_groups
     from trl_agents.trajectory import Group, Step, Trajectory
 
     def episode(reward, error=None):

@@ -14,7 +14,7 @@ from datasets import Dataset
 from helpers import train_and_check_moved
 
 from trl_agents.distill.envrl import example_nll, pack_examples, token_mean
-from trl_agents.rollout.rows import split_rows, token_signal_key
+from trl_agents.training.batch import split_rows, token_signal_key
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.envrl import EXAMPLES_SIGNAL, EnvRLConfig, EnvRLTrainer

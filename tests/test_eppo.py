@@ -25,7 +25,7 @@ from trl_agents.credit.eppo import (
     task_bounds,
     update_entropy_ema,
 )
-from trl_agents.rollout.rows import token_signal_key
+from trl_agents.training.batch import token_signal_key
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.eppo import TASK_TYPE_SIGNAL, EPPOConfig, EPPOTrainer

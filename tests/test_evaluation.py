@@ -184,7 +184,7 @@ def checkpoint(tiny_model_dir, tmp_path):
     run_info.json."""
     from trl_agents import AgentGRPOConfig
     from trl_agents.testing import tiny_training_config
-    from trl_agents.trainers.agent_grpo import save_agent_config
+    from trl_agents.checkpoints import save_agent_config
 
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run_dir, ignore=shutil.ignore_patterns("eval"))  # (other tests evaluate it)

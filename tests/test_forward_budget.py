@@ -9,7 +9,7 @@ import torch
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
 from trl_agents.testing import tiny_training_config
-from trl_agents.trainers.agent_grpo import loss_chunks
+from trl_agents.training.loss import loss_chunks
 
 TASKS = [{"env": "test-keyword", "seed": s, "length": 3} for s in range(3)]
 

@@ -40,8 +40,8 @@ from trl_agents.trainers.grsd import (
     episode_history,
     reflection_messages,
     reflection_share,
-    sequence_logps,
 )
+from trl_agents.training.forward import sequence_logps
 from trl_agents.trajectory import PromptParts, Step, Trajectory
 
 TASKS = [{"env": "test-keyword", "seed": s} for s in range(2)]

@@ -117,7 +117,7 @@ PUSH_AND_READ_BACK = """
     from huggingface_hub import HfApi, ModelCard, hf_hub_download, parse_eval_result_entries
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl_agents.hub import push_run
-    from trl_agents.trainers.agent_grpo import load_agent_config
+    from trl_agents.checkpoints import load_agent_config
 
     run_dir, name, repo = sys.argv[1:]
     urls = push_run(run_dir, name)  # no namespace: the token's user

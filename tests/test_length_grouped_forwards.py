@@ -9,8 +9,8 @@ import torch
 from trl import GRPOTrainer
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
-from trl_agents.rollout import rows as rows_module
-from trl_agents.rollout.rows import length_groups
+from trl_agents.training import forward as rows_module
+from trl_agents.training.forward import length_groups
 from trl_agents.testing import tiny_training_config
 
 TASKS = [{"env": "test-keyword", "seed": s, "length": 3} for s in range(3)]

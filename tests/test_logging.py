@@ -17,7 +17,7 @@ from trl_agents import AgentGRPOConfig, AgentGRPOTrainer, GiGPOConfig, GiGPOTrai
 from trl_agents.envs import get_env_class
 from trl_agents.rollout import PromptRenderer, RolloutEngine, RolloutProgress, SamplingParams, TurnProgress
 from trl_agents.testing import tiny_training_config
-from trl_agents.trainers.agent_grpo import TRANSCRIPT_TEXT_CHARS, TRANSCRIPT_TURNS, episode_prompt, episode_transcript
+from trl_agents.training.metrics import TRANSCRIPT_TEXT_CHARS, TRANSCRIPT_TURNS, episode_prompt, episode_transcript
 from trl_agents.trajectory import Step, Trajectory
 
 # Metrics every rollout logs, and one credit diagnostic of GiGPO (its anchor groups).

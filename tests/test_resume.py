@@ -22,7 +22,7 @@ from helpers import dying_shard_writer
 from test_cli import TINY_RUN
 
 from trl_agents.records import TRAJECTORY_SCHEMA, config_hash, load_trajectories, supersede_shards
-from trl_agents.trainers.agent_grpo import resolve_checkpoint
+from trl_agents.checkpoints import resolve_checkpoint
 
 RUN = {**TINY_RUN, "max_steps": 5, "save_strategy": "steps", "save_steps": 1, "seed": 3}
 

@@ -7,7 +7,7 @@ import pytest
 from trl_agents.envs import AgentEnv, register_env
 from trl_agents.envs.frozenlake import FrozenLake
 from trl_agents.rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams
-from trl_agents.rollout.rows import build_rows
+from trl_agents.training.rows import build_rows
 
 TASKS = [{"env": "frozenlake", "seed": 3}, {"env": "frozenlake", "seed": 11}]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_agents.rollout.rows import build_rows, split_rows
+from trl_agents.training.batch import split_rows
+from trl_agents.training.rows import build_rows
 from trl_agents.trajectory import Group, Step, Trajectory
 
 

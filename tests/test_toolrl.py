@@ -24,7 +24,7 @@ from trl_agents.credit.toolrl import (
 from trl_agents.envs import get_env_class
 from trl_agents.rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams
 from trl_agents.rollout.generators import GenerationOutput
-from trl_agents.rollout.rows import token_signal_key
+from trl_agents.training.batch import token_signal_key
 from trl_agents.rollout.topologies import Launch, Topology, get_topology
 from trl_agents.rollout.topologies.supervised import ground_truth_turns
 from trl_agents.testing import tiny_training_config

@@ -12,7 +12,7 @@ import pytest
 from trl_agents.envs import get_env_class, make_env, register_env
 from trl_agents.records import TrajectoryWriter
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
-from trl_agents.rollout.rows import build_rows
+from trl_agents.training.rows import build_rows
 from trl_agents.rollout.topologies import AdaptiveTopology, BranchingTopology, Fork, Launch, Topology, get_topology
 from trl_agents.trajectory import RolloutBatch
 

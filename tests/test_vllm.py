@@ -36,7 +36,7 @@ from trl_agents.loopback import LOAD_WEIGHTS_ROUTE, LoopbackVLLMServer, loopback
 from trl_agents.rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from trl_agents.rollout.vllm import SUPPORTED_VLLM_VERSION, VLLMGenerator
 from trl_agents.testing import build_tiny_model, tiny_training_config
-from trl_agents.trainers.agent_grpo import importance_sampling_ratio
+from trl_agents.training.loss import importance_sampling_ratio
 
 # ---- fixtures and helpers --------------------------------------------------------------------------------------------
 

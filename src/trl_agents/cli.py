@@ -246,7 +246,8 @@ def evaluate(argv: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
     from .loading import load_tokenizer
     from .rollout import EnvPool
     from .rollout.env_pool import check_execution_settings
-    from .trainers.agent_grpo import ENV_EXECUTION_FIELDS, as_dict, load_agent_config
+    from .checkpoints import load_agent_config
+    from .trainers.agent_grpo_config import ENV_EXECUTION_FIELDS, as_dict
 
     (args,) = _quiet(HfArgumentParser)(EvalArguments, prog="trl-agents eval").parse_args_into_dataclasses(argv)
     _check_model_path(args.model_name_or_path)

@@ -160,7 +160,7 @@ def render_model_card(
         >>> card.data.base_model, card.data.tags
         ('Qwen/Qwen2.5-0.5B-Instruct', ['trl', 'trl-agents', 'gigpo', 'sokoban', 'reinforcement-learning'])
     """
-    from .trainers.agent_grpo import load_agent_config
+    from .checkpoints import load_agent_config
 
     run_info = read_run_info(run_dir, missing_ok=True) if run_info is None else run_info
     results = read_eval_results(run_dir) if eval_results is None else eval_results

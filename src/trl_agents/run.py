@@ -43,7 +43,8 @@ from .envs import get_env_class
 from .evaluation import evaluate_policy, to_eval_result, write_eval_result
 from .fileio import atomic_write
 from .trainers import get_method
-from .trainers.agent_grpo import as_dict, resolve_checkpoint
+from .checkpoints import resolve_checkpoint
+from .trainers.agent_grpo_config import as_dict
 
 logger = logging.getLogger(__name__)
 

@@ -134,7 +134,7 @@ def warm_start(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from .trainers.agent_grpo import cpu_only
+    from .trainers.agent_grpo_config import cpu_only
 
     config = SFTConfig(
         output_dir=output_dir,

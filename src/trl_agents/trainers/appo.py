@@ -46,7 +46,8 @@ from ..credit.base import check_choice
 from ..rollout.topologies import Topology
 from ..rollout.topologies.appo import TOKEN_BRANCH_SCORES, punctuation_filter
 from ..trajectory import Group
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from ..training.batch import loss_mask
 from .registry import MethodInfo
 
 STAT_NAMES = ("init_rollouts", "branches", "branch_points", "init_success_rate", "branch_success_rate",

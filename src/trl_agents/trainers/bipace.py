@@ -224,7 +224,7 @@ class BiPACETrainer(AgentGRPOTrainer):
                 )
         self.log_mean_metrics("bipace", with_clusters, ("mean_cluster_size", "singleton_cluster_fraction",
                                                         "mixed_action_cluster_fraction"))
-        stats = self._signal_cache["hidden_states"].stats  # this process's
+        stats = self.model_signal("hidden_states").stats  # this process's
         self.log_metric("bipace/rollout_hidden_state_fraction", stats.get("rollout_fraction", 1.0))
         self.log_metric("bipace/hidden_state_seconds", stats.get("seconds", 0.0))
         return advantages

@@ -47,10 +47,11 @@ from ..distill.envrl import (
     schedule_coefficient,
     shuffle_targets,
 )
-from ..rollout.rows import token_signal_key
+from ..training.batch import token_signal_key
 from ..signals.base import ModelSignal, register_signal
 from ..trajectory import Group, first_occurrences
-from .agent_grpo import AgentGRPOTrainer, loss_mask
+from .agent_grpo import AgentGRPOTrainer
+from ..training.batch import loss_mask
 from .gigpo import GiGPOConfig, GiGPOTrainer
 from .registry import MethodInfo
 
@@ -264,7 +265,7 @@ class EnvRLTrainer(GiGPOTrainer):
 
     @property
     def example_signal(self) -> EnvRLExamples:
-        return self._signal_cache[EXAMPLES_SIGNAL]
+        return self.model_signal(EXAMPLES_SIGNAL)
 
     def compute_signals(self, groups: list[Group]) -> None:
         super().compute_signals(groups)

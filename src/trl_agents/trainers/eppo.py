@@ -35,10 +35,11 @@ import torch
 
 from ..credit.base import check_choice
 from ..credit.eppo import SIDES, EntropyPacer, task_bounds
-from ..rollout.rows import token_signal_key
+from ..training.batch import token_signal_key
 from ..signals.base import SIGNALS, ModelSignal, register_signal
 from ..trajectory import Group, first_occurrences
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from ..training.batch import loss_mask
 from .registry import MethodInfo
 
 TASK_TYPE_SIGNAL = "eppo_task_type"
@@ -188,7 +189,7 @@ class EPPOTrainer(AgentGRPOTrainer):
 
     @property
     def task_type_signal(self) -> TaskTypeSignal:
-        return self._signal_cache[TASK_TYPE_SIGNAL]
+        return self.model_signal(TASK_TYPE_SIGNAL)
 
     # ---- the controller: one EMA update per training rollout ---------------------------------------------------
 

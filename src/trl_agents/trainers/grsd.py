@@ -55,7 +55,8 @@ from ..judges import EndpointJudge, GeneratorJudge, LocalJudge, Messages, as_jud
 from ..rollout.generators import SamplingParams
 from ..signals.model import assign, score_units, scoring_units
 from ..trajectory import Group, Trajectory
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, _no_gradient_checkpointing
+from ..training.forward import no_gradient_checkpointing, sequence_logps
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
 
 JUDGES = ("policy", "endpoint", "local")
@@ -375,7 +376,7 @@ class GRSDTrainer(AgentGRPOTrainer):
         """ℓ_stu's tokens: the policy's log-probs of each turn of `groups` under its own prompt."""
         context = self.signal_context
         units = scoring_units(groups, context.row_format)
-        with _no_gradient_checkpointing(self), context.model_context() as model:
+        with no_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), context.model_context() as model:
             scored = score_units(model, units, pad_token_id=context.pad_token_id, temperature=context.temperature,
                                  max_rows=context.max_rows_per_forward, max_tokens=context.max_tokens_per_forward)
         assign(units, [logps for logps, _ in scored], STUDENT)
@@ -469,25 +470,6 @@ def reflection_share(batch: list, index: int, chunks: int) -> list:
     size, extra = divmod(len(batch), chunks)
     start = index * size + min(index, extra)
     return batch[start : start + size + (index < extra)]
-
-
-def sequence_logps(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int, temperature: float):
-    """(B, T) log-probs of each completion after its prompt (with gradient; prompts left-padded, completions
-    right-padded, as TRL lays out rows) and the (B, T) mask of the real completion tokens."""
-    device = next(model.parameters()).device
-    width_p, width_c = max(len(p) for p in prompts), max(len(c) for c in completions)
-    ids = torch.full((len(prompts), width_p + width_c), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros((len(prompts), width_c), dtype=torch.long)
-    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-        start = width_p - len(prompt)
-        ids[row, start : width_p + len(completion)] = torch.tensor(prompt + completion)
-        attention[row, start : width_p + len(completion)] = 1
-        mask[row, : len(completion)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), logits_to_keep=width_c + 1).logits
-    logps = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    targets = ids[:, width_p:].to(device)
-    return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1), mask.to(device)
 
 
 def build_judge(args: GRSDConfig):

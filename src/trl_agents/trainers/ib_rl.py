@@ -44,7 +44,7 @@ from ..credit.base import check_choice
 from ..credit.ib_rl import SCALES, ib_rl_advantages_with_stats, step_role
 from ..envs import get_env_class
 from ..rollout.generators import GenerationOutput
-from ..rollout.rows import token_signal_key
+from ..training.batch import token_signal_key
 from ..signals import ModelSignal, register_signal
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

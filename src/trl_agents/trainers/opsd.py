@@ -40,8 +40,10 @@ import torch
 
 from ..credit.base import check_choice
 from ..distill.opsd import generalized_jsd, sampled_token_distillation
-from ..rollout.rows import prompt_signal_keys, token_signal_key
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
+from ..training.batch import prompt_signal_keys, token_signal_key
+from ..training.forward import completion_logits, policy_logps
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from ..training.batch import loss_mask
 from .registry import MethodInfo
 
 OPSD_LOSSES = ("jsd", "sampled_token")
@@ -155,7 +157,7 @@ class OPSDTrainer(AgentGRPOTrainer):
         args = self.args
         mask = loss_mask(inputs)
         if args.opsd_loss == "sampled_token":
-            student = per_token_logps if per_token_logps is not None else policy_logps(self, model, inputs)
+            student = per_token_logps if per_token_logps is not None else policy_logps(model, inputs, self.temperature)
             teacher = inputs[token_signal_key("teacher_logprobs")]
             per_token = sampled_token_distillation(student, teacher)
         else:
@@ -179,20 +181,3 @@ class OPSDTrainer(AgentGRPOTrainer):
                 return completion_logits(teacher, inputs[ids_key], inputs[mask_key], inputs)
             finally:
                 teacher.train(was_training)
-
-
-def completion_logits(model, prompt_ids, prompt_mask, inputs: dict[str, Any]) -> torch.Tensor:
-    """(B, T, V) logits of `model` for the micro-batch's completion tokens after the given (left-padded) prompts."""
-    completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
-    width = completion_ids.size(1)
-    return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits[:, :-1]
-
-
-def policy_logps(trainer: AgentGRPOTrainer, model, inputs: dict[str, Any]) -> torch.Tensor:
-    """The policy's log-probs of the completion tokens (with their graph), at the training temperature: for a loss
-    whose policy loss is skipped, so that TRL's loss did not compute them."""
-    logits = completion_logits(model, inputs["prompt_ids"], inputs["prompt_mask"], inputs).float()
-    logps = torch.log_softmax(logits / trainer.temperature, dim=-1)
-    return logps.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)

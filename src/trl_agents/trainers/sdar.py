@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..distill.sdar import sdar_gate, sdar_token_terms
-from ..rollout.rows import token_signal_key
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, loss_mask
-from .opsd import policy_logps
+from ..training.batch import token_signal_key
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from ..training.batch import loss_mask
+from ..training.forward import policy_logps
 from .registry import MethodInfo
 
 
@@ -84,7 +85,7 @@ class SDARTrainer(AgentGRPOTrainer):
     training_signals = ("teacher_logprobs",)
 
     def compute_auxiliary_loss(self, model, inputs: dict[str, Any], per_token_logps):
-        student = per_token_logps if per_token_logps is not None else policy_logps(self, model, inputs)
+        student = per_token_logps if per_token_logps is not None else policy_logps(model, inputs, self.temperature)
         teacher = inputs[token_signal_key("teacher_logprobs")]
         mask = loss_mask(inputs)
         beta = self.args.sdar_gate_beta

@@ -65,11 +65,13 @@ from ..credit.toolrl import (
 )
 from ..envs import get_env_class
 from ..envs.base import has_plans
-from ..rollout.rows import token_signal_key
+from ..training.batch import token_signal_key
 from ..rollout.topologies.supervised import SupervisedTopology
 from ..signals.base import SIGNALS, ModelSignal, register_signal
 from ..trajectory import Group, first_occurrences
-from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer, as_dict, loss_mask
+from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .agent_grpo_config import as_dict
+from ..training.batch import loss_mask
 from .registry import MethodInfo
 
 logger = logging.getLogger(__name__)
