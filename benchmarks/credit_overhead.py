@@ -19,24 +19,25 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
 
 from trl_agents.credit import (
-    StateScoreTable,
-    bepo_advantages,
-    bipace_advantages,
-    cast_advantages,
-    ecpo_advantages,
-    gigpo_advantages,
-    gigpo_advantages_with_stats,
-    grpo_advantages,
-    progpo_advantages,
-    rloo_advantages,
-    scpo_advantages,
-    sspo_advantages,
-    vict_advantages,
+    BEPOParams,
+    BiPACEParams,
+    CASTParams,
+    CreditParams,
+    ECPOParams,
+    GiGPOParams,
+    GRPOParams,
+    ProGPOParams,
+    RLOOParams,
+    SCPOParams,
+    SSPOParams,
+    VICTParams,
+    get_estimator,
+    stat_means,
 )
 from trl_agents.credit.scpo import LexicalScorer
+from trl_agents.rollout.topologies.state_score import StateScoreTable
 from trl_agents.trajectory import Group, Step, Trajectory
 
 NUM_GROUPS, GROUP_SIZE, NUM_STEPS = 16, 8, 50
@@ -84,14 +85,14 @@ def make_batch(seed: int = 0) -> list[Group]:
     return groups
 
 
-def median_ms(fn: Callable[[Group], object], groups: list[Group], repeats: int = 20) -> float:
-    for group in groups:  # warm-up
-        fn(group)
+def median_ms(name: str, params: CreditParams, groups: list[Group], repeats: int = 20) -> float:
+    """Median milliseconds of one call of the estimator `name` on the whole batch `groups`."""
+    estimator = get_estimator(name)
+    estimator(groups, params)  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for group in groups:
-            fn(group)
+        estimator(groups, params)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -99,9 +100,8 @@ def median_ms(fn: Callable[[Group], object], groups: list[Group], repeats: int =
 def main() -> None:
     groups = make_batch()
     rows = sum(len(t.steps) for g in groups for t in g.trajectories)
-    stats = [gigpo_advantages_with_stats(g)[1] for g in groups]
-    mean_size = statistics.mean(s["mean_anchor_group_size"] for s in stats)
-    singletons = statistics.mean(s["singleton_fraction"] for s in stats)
+    stats = stat_means(get_estimator("gigpo")(groups, GiGPOParams())[1])
+    mean_size, singletons = stats["mean_anchor_group_size"], stats["singleton_anchor_fraction"]
     print(
         f"batch: {NUM_GROUPS} groups x {GROUP_SIZE} trajectories x {NUM_STEPS} steps = {rows} step rows; "
         f"anchor groups: mean size {mean_size:.1f}, singleton fraction {singletons:.2f}"
@@ -109,37 +109,36 @@ def main() -> None:
     table = StateScoreTable()
     table.update(make_batch(seed=1))
     scorer = LexicalScorer()  # SCPOTrainer keeps one scorer (and its similarity cache) for the whole run
-    estimators: dict[str, Callable[[Group], object]] = {
-        "grpo": grpo_advantages,
-        "rloo": rloo_advantages,
-        "gigpo": gigpo_advantages,
-        "bepo": bepo_advantages,
-        "ecpo": ecpo_advantages,
-        "progpo": progpo_advantages,
-        "scpo": lambda group: scpo_advantages(group, scorer=scorer),
-        "3spo": lambda group: sspo_advantages(group, table=table),
-        "vict": vict_advantages,
+    estimators: dict[str, CreditParams] = {
+        "grpo": GRPOParams(),
+        "rloo": RLOOParams(),
+        "gigpo": GiGPOParams(),
+        "bepo": BEPOParams(),
+        "ecpo": ECPOParams(),
+        "progpo": ProGPOParams(),
+        "scpo": SCPOParams(scpo_scorer=scorer),
+        "3spo": SSPOParams(state_scores=table),
+        "vict": VICTParams(),
     }
-    results = {name: median_ms(fn, groups) for name, fn in estimators.items()}
+    results = {name: median_ms(name, params, groups) for name, params in estimators.items()}
     # BiPACE clusters steps by the cosine of the policy's hidden states: without them it falls back to exact state
     # keys; with them the cost is one n x n x d Gram matrix per group (d = hidden width; 896 is Qwen2.5-0.5B's).
-    results["bipace (state keys)"] = median_ms(bipace_advantages, groups)
+    results["bipace (state keys)"] = median_ms("bipace", BiPACEParams(), groups)
     import numpy as np
 
     rng = np.random.default_rng(0)
     states = rng.standard_normal((STATES_PER_TASK, HIDDEN_WIDTH)).astype(np.float32)
-    with_hidden = []
+    hidden_states = []
     for group in groups:
         index = {}
         rows_of = [index.setdefault(step.observation, len(index) % STATES_PER_TASK)
                    for traj in group.trajectories for step in traj.steps]
         hidden = states[rows_of] + 0.01 * rng.standard_normal((len(rows_of), HIDDEN_WIDTH)).astype(np.float32)
-        with_hidden.append((group, hidden))
+        hidden_states.append(hidden)
     results[f"bipace (hidden width {HIDDEN_WIDTH})"] = median_ms(
-        lambda pair: bipace_advantages(pair[0], hidden_states=pair[1]), with_hidden, repeats=5
+        "bipace", BiPACEParams(hidden_states=hidden_states), groups, repeats=5
     )
-    # CAST normalises over the whole batch (one call for all groups); timed as one "group" holding the batch.
-    results["cast"] = median_ms(lambda batch: cast_advantages(batch), [groups])
+    results["cast"] = median_ms("cast", CASTParams(), groups)  # CAST normalises over the whole batch
     grpo_ms = results["grpo"]
     print(f"| estimator | ms per batch ({NUM_GROUPS * GROUP_SIZE} trajectories x {NUM_STEPS} steps) | x GRPO | "
           f"target < {TARGET_MS:.0f} ms |")

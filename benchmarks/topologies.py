@@ -110,8 +110,8 @@ class Run:
 
 def settings(tokenizer) -> list[Run]:
     """Every compared rollout, independent first (the reference of the ratios), then one per topology."""
-    from trl_agents.credit.patr import SolverProgressScorer
-    from trl_agents.credit.sspo import StateScoreTable
+    from trl_agents.judges import SolverProgressScorer
+    from trl_agents.rollout.topologies.state_score import StateScoreTable
     from trl_agents.rollout.topologies import (AdaptiveTopology, BranchingTopology, IndependentTopology,
                                                get_topology)
     from trl_agents.rollout.topologies.appo import TokenBranchingTopology, punctuation_filter

@@ -52,6 +52,25 @@ def group_of(*trajectories):
     return Group(task={"task_id": "t"}, trajectories=list(trajectories))
 
 
+def group_credit(name: str, group, **params):
+    """The advantages of the credit estimator registered as `name` on ONE group, with `XParams(**params)` (the
+    estimators take a batch of groups: this is that batch of one)."""
+    from trl_agents.credit import get_estimator
+
+    estimator = get_estimator(name)
+    (advantages,), _ = estimator([group], estimator.params(**params))
+    return advantages
+
+
+def group_credit_and_stats(name: str, group, **params):
+    """(advantages, the value Σ total / Σ count of each stat) of the estimator `name` on ONE group."""
+    from trl_agents.credit import get_estimator, stat_means
+
+    estimator = get_estimator(name)
+    (advantages,), stats = estimator([group], estimator.params(**params))
+    return advantages, stat_means(stats)
+
+
 def train_and_check_moved(trainer, steps: int = 2) -> list[dict]:
     """Train `trainer` (configured for `steps` optimizer steps), assert that it ran them and that some parameter
     moved; return the per-step log entries (those with `env/success_rate`)."""
@@ -87,3 +106,82 @@ def write_then_die(table, where, **kwargs):
 
 pq.write_table = write_then_die
 """
+
+
+# ---- shared by the state-keyed methods' tests (BEPO, ECPO): configs, the start-up check, a scripted FrozenLake run --
+
+
+def check_method_yaml(path: str, method_name: str, config_class, capability: str | None = None):
+    """The YAML config at `path` names `method_name`, parses into its `config_class` through TRL's parser with an env
+    and a model, and (when given) that env has `capability`; returns the parsed config."""
+    import yaml
+    from trl import ModelConfig, TrlParser
+
+    from trl_agents.envs import get_env_class
+    from trl_agents.run import RunArguments
+    from trl_agents.trainers import get_method
+
+    with open(path) as handle:
+        assert yaml.safe_load(handle)["method"] == method_name
+    method = get_method(method_name)
+    run, config, model = TrlParser((RunArguments, method.config_class, ModelConfig)).parse_args_and_config(
+        ["--config", path]
+    )
+    assert isinstance(config, config_class) and config.env_name and (run.tiny_model or model.model_name_or_path)
+    if capability is not None:
+        assert capability in get_env_class(config.env_name).capabilities()
+    return config
+
+
+def register_env_without_state_key(name: str, doc: str):
+    """Register (once) and return an environment named `name` that has no `state_key` capability."""
+    from trl_agents.envs import AgentEnv, get_env_class, register_env
+
+    try:
+        return get_env_class(name)
+    except ValueError:
+        pass
+
+    class NoStateKeyEnv(AgentEnv):
+        instructions = "Say anything."
+        task_keys = ("seed",)
+
+        def reset(self, task):
+            return "start"
+
+        def step(self, action_text):
+            return "end", 0.0, True, {"valid": True, "success": False}
+
+    NoStateKeyEnv.name, NoStateKeyEnv.__doc__ = name, doc
+    return register_env(NoStateKeyEnv)
+
+
+# A 3x3 FrozenLake map and 4 scripted episodes of exactly 4 turns (none ends early, so the row index of every
+# generation call is the episode): two successes, a truncated detour, and a truncated run that starts invalid.
+#   P F H     E0: down right down right   (0,0) (1,0) (1,1) (2,1) -> goal
+#   F F F     E1: right down right down   (0,0) (0,1) (1,1) (1,2) -> goal
+#   H F G     E2: down right right left   (0,0) (1,0) (1,1) (1,2) -> time-out
+#             E3: jump down right up      (0,0) (0,0) (1,0) (1,1) -> time-out
+FROZENLAKE_LAYOUT = "SFH\nFFF\nHFG"
+FROZENLAKE_PLANS = [["down", "right", "down", "right"], ["right", "down", "right", "down"],
+                    ["down", "right", "right", "left"], ["jump", "down", "right", "up"]]
+
+
+def two_scripted_frozenlake_steps(trainer_class, config_class, tiny_model, tokenizer, scripted, output_dir,
+                                  metric: str) -> tuple:
+    """Two training steps of `trainer_class` on the scripted FrozenLake episodes above (step rows); asserts that they
+    ran and moved a parameter, and that each step's log has `metric`, success 0.5 and length 4; returns (the trainer,
+    those logs)."""
+    from trl_agents.testing import tiny_training_config
+
+    generator = scripted(lambda prompt, call, row, size: FROZENLAKE_PLANS[row][call % 4])
+    config = tiny_training_config(config_class, output_dir, env_name="frozenlake", per_device_train_batch_size=4,
+                                  max_turns=4, row_format="step")
+    trainer = trainer_class(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake",
+                                                                           "layout": FROZENLAKE_LAYOUT}],
+                            processing_class=tokenizer, generator=generator)
+    logs = [log for log in train_and_check_moved(trainer) if metric in log]
+    assert len(logs) == 2
+    for log in logs:
+        assert log["env/success_rate"] == 0.5 and log["env/episode_length"] == 4.0
+    return trainer, logs

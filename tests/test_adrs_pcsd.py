@@ -10,7 +10,7 @@ import torch
 from datasets import Dataset
 from helpers import train_and_check_moved
 
-from trl_agents.distill import adrs_advantages
+from trl_agents.distill import ADRSParams, adrs_advantages
 from trl_agents.envs import get_env_class, register_env
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
@@ -70,7 +70,7 @@ def test_adrs_hook_uses_the_global_step_and_the_config(tiny_model, tokenizer, tm
     trainer = ADRSTrainer(model=tiny_model, args=config, train_dataset=TASKS, processing_class=tokenizer)
     trainer.model.train()  # as in train(): the schedule sets TRL's entropy_coef for training rollouts only
     groups = [Group(task={}, trajectories=[episode([[-1.0, -3.0]], 1.0), episode([[-0.5, -1.5], [-2.0]], 0.0)])]
-    expected = {s: adrs_advantages(groups, eta=0.1, eta_eff=e, variant="paper", unit="step")[0]
+    expected = {s: adrs_advantages(groups, ADRSParams(adrs_eta=0.1, eta_eff=e, adrs_variant="paper", adrs_unit="step"))[0]
                 for s, e in ((0, 0.0), (1, 0.1), (2, 0.0))}
     for global_step, coef in ((0, 0.002), (1, 0.0), (2, 0.002)):  # steps 1, 2, 3: warm-up, active, after
         trainer.state.global_step = global_step

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import doctest
 import random
+from types import SimpleNamespace
 
 import pytest
-from helpers import all_finite, assert_close
+from helpers import all_finite, assert_close, group_credit, group_credit_and_stats
 
 from trl_agents import credit
 from trl_agents.credit import (
     CREDIT_ESTIMATORS,
+    GiGPOParams,
+    GRPOParams,
     discounted_returns,
     get_estimator,
     gigpo_advantages,
-    gigpo_advantages_with_stats,
     grpo_advantages,
     rloo_advantages,
 )
@@ -67,59 +69,59 @@ def toy_group() -> Group:
 
 def test_grpo_zscore_reference():
     # mean 0.5; Bessel std sqrt((4 * 0.25) / 3) = 0.57735; 0.5 / (0.57735 + 1e-4) = 0.8659
-    assert_close(grpo_advantages(one_step_group(1, 0, 0, 1)), [[0.8659], [-0.8659], [-0.8659], [0.8659]])
+    assert_close(group_credit("grpo", one_step_group(1, 0, 0, 1)), [[0.8659], [-0.8659], [-0.8659], [0.8659]])
 
 
 def test_dr_grpo_reference():
     # R - mean = R - 0.5
-    assert_close(grpo_advantages(one_step_group(1, 0, 0, 1), scale="none"), [[0.5], [-0.5], [-0.5], [0.5]])
+    assert_close(group_credit("grpo", one_step_group(1, 0, 0, 1), scale_rewards="none"), [[0.5], [-0.5], [-0.5], [0.5]])
 
 
 def test_rloo_reference():
     # 1 - (0 + 0 + 1)/3 = 0.6667;  0 - (1 + 0 + 1)/3 = -0.6667
-    assert_close(rloo_advantages(one_step_group(1, 0, 0, 1)), [[0.6667], [-0.6667], [-0.6667], [0.6667]])
+    assert_close(group_credit("rloo", one_step_group(1, 0, 0, 1)), [[0.6667], [-0.6667], [-0.6667], [0.6667]])
 
 
 def test_episode_advantage_is_broadcast_to_every_step():
     group = group_of(episode(("a", 0), ("b", 0), ("c", 1)), episode(("a", 0)))
     # R = [1, 0]: Dr. GRPO ±0.5, RLOO ±1, on every step of each episode.
-    assert grpo_advantages(group, scale="none") == [[0.5, 0.5, 0.5], [-0.5]]
-    assert rloo_advantages(group) == [[1.0, 1.0, 1.0], [-1.0]]
+    assert group_credit("grpo", group, scale_rewards="none") == [[0.5, 0.5, 0.5], [-0.5]]
+    assert group_credit("rloo", group) == [[1.0, 1.0, 1.0], [-1.0]]
 
 
 def test_grpo_step_rows_statistic_weighs_long_episodes():
     group = group_of(episode(("a", 0), ("b", 0), ("c", 1)), episode(("a", 0)))
     # Step-row scores [1, 1, 1, 0]: mean 0.75 -> A: 0.25, B: -0.75 (vs ±0.5 over trajectories).
-    assert_close(grpo_advantages(group, scale="none", statistic="step_rows"), [[0.25, 0.25, 0.25], [-0.75]])
+    assert_close(group_credit("grpo", group, scale_rewards="none", credit_statistic="step_rows"), [[0.25, 0.25, 0.25], [-0.75]])
 
 
 def test_single_element_groups():
     # A group of one episode: nothing to compare with -> 0 for GRPO (both scales) and RLOO.
     single = group_of(episode(("a", 0), ("b", 3)))
-    assert grpo_advantages(single) == [[0.0, 0.0]]
-    assert grpo_advantages(single, scale="none") == [[0.0, 0.0]]
-    assert grpo_advantages(single, statistic="step_rows") == [[0.0, 0.0]]
-    assert rloo_advantages(single) == [[0.0, 0.0]]
+    assert group_credit("grpo", single) == [[0.0, 0.0]]
+    assert group_credit("grpo", single, scale_rewards="none") == [[0.0, 0.0]]
+    assert group_credit("grpo", single, credit_statistic="step_rows") == [[0.0, 0.0]]
+    assert group_credit("rloo", single) == [[0.0, 0.0]]
     # ... plus the penalty on an invalid step (statistic over trajectories).
     invalid = group_of(episode(("a", 0, False), ("b", 3)))
-    assert_close(grpo_advantages(invalid), [[-0.1, 0.0]])
-    assert_close(rloo_advantages(invalid), [[-0.1, 0.0]])
+    assert_close(group_credit("grpo", invalid), [[-0.1, 0.0]])
+    assert_close(group_credit("rloo", invalid), [[-0.1, 0.0]])
     # GiGPO (verl-agent): a population of one gets mean 0, std 1 -> A^E = R.
-    assert gigpo_advantages(one_step_group(3)) == [[3.0]]
-    assert_close(gigpo_advantages(one_step_group(3), mode="mean_std_norm", statistic="trajectories"), [[3.0]])
+    assert group_credit("gigpo", one_step_group(3)) == [[3.0]]
+    assert_close(group_credit("gigpo", one_step_group(3), gigpo_mode="mean_std_norm", episode_statistic="trajectories"), [[3.0]])
 
 
 # ---------------------------------------------------------------- all-equal rewards
 
 
 ALL_CONFIGS = [
-    ("grpo", {"scale": "group", "statistic": "trajectories"}),
-    ("grpo", {"scale": "group", "statistic": "step_rows"}),
-    ("grpo", {"scale": "none", "statistic": "trajectories"}),
-    ("grpo", {"scale": "none", "statistic": "step_rows"}),
+    ("grpo", {"scale_rewards": "group", "credit_statistic": "trajectories"}),
+    ("grpo", {"scale_rewards": "group", "credit_statistic": "step_rows"}),
+    ("grpo", {"scale_rewards": "none", "credit_statistic": "trajectories"}),
+    ("grpo", {"scale_rewards": "none", "credit_statistic": "step_rows"}),
     ("rloo", {}),
 ] + [
-    ("gigpo", {"mode": mode, "statistic": statistic, "similarity_threshold": threshold})
+    ("gigpo", {"gigpo_mode": mode, "episode_statistic": statistic, "similarity_threshold": threshold})
     for mode in ("mean_norm", "mean_std_norm")
     for statistic in ("step_rows", "trajectories")
     for threshold in (None, 0.9)
@@ -131,7 +133,7 @@ ALL_CONFIGS = [
 def test_all_equal_rewards_give_zero(name, options, reward):
     # Same rewards at the same steps -> same returns everywhere -> every advantage exactly 0 (no NaN with std = 0).
     group = group_of(*(episode(("s0", 0), (f"s{i % 2 + 1}", reward), ("s3", 0)) for i in range(4)))
-    advantages = get_estimator(name)(group, **options)
+    advantages = group_credit(name, group, **options)
     assert advantages == [[0.0, 0.0, 0.0]] * 4
 
 
@@ -139,7 +141,7 @@ def test_no_nan_with_mean_std_norm_and_equal_rewards():
     # Unequal lengths and shared anchors with all-zero rewards: every std is 0, every deviation 0.
     group = group_of(episode(("s0", 0)), episode(("s0", 0), ("s1", 0)), episode(("s1", 0), ("s1", 0), ("s0", 0)))
     for statistic in ("step_rows", "trajectories"):
-        advantages = gigpo_advantages(group, mode="mean_std_norm", statistic=statistic)
+        advantages = group_credit("gigpo", group, gigpo_mode="mean_std_norm", episode_statistic=statistic)
         assert all_finite(advantages)
         assert advantages == [[0.0], [0.0, 0.0], [0.0, 0.0, 0.0]]
 
@@ -157,7 +159,7 @@ TOY_MEAN_NORM = [[0.75, 0.8333], [-0.75, -1.1667], [-0.75, -0.5], [0.75, 0.8333]
 
 @pytest.mark.parametrize("statistic", ["step_rows", "trajectories"])
 def test_gigpo_toy_mean_norm(statistic):
-    advantages = gigpo_advantages(toy_group(), gamma=0.5, omega=1.0, mode="mean_norm", statistic=statistic)
+    advantages = group_credit("gigpo", toy_group(), gamma=0.5, step_advantage_w=1.0, gigpo_mode="mean_norm", episode_statistic=statistic)
     assert_close(advantages, TOY_MEAN_NORM)
 
 
@@ -186,25 +188,25 @@ TOY_MEAN_STD_TRAJECTORIES = [
     [("step_rows", TOY_MEAN_STD_STEP_ROWS), ("trajectories", TOY_MEAN_STD_TRAJECTORIES)],
 )
 def test_gigpo_toy_mean_std_norm(statistic, expected):
-    advantages = gigpo_advantages(toy_group(), gamma=0.5, mode="mean_std_norm", statistic=statistic)
+    advantages = group_credit("gigpo", toy_group(), gamma=0.5, gigpo_mode="mean_std_norm", episode_statistic=statistic)
     assert_close(advantages, expected, tol=2e-4)  # 4-decimal sums above
 
 
 def test_gigpo_toy_stats():
-    _, stats = gigpo_advantages_with_stats(toy_group(), gamma=0.5)
+    _, stats = group_credit_and_stats("gigpo", toy_group(), gamma=0.5)
     # anchor groups s0 (4 rows), s1 (3 rows), s2 (1 row): 8 rows / 3 groups; 1 of 3 groups is a singleton.
     assert stats["num_anchor_groups"] == 3
     assert stats["mean_anchor_group_size"] == pytest.approx(8 / 3)
-    assert stats["singleton_fraction"] == pytest.approx(1 / 3)
+    assert stats["singleton_anchor_fraction"] == pytest.approx(1 / 3)
 
 
 def test_gigpo_omega_scales_step_level_only():
     # ω = 0 leaves A^E only: ±0.5 on every step (GiGPO reduces to Dr. GRPO over step rows).
     assert_close(
-        gigpo_advantages(toy_group(), gamma=0.5, omega=0.0), [[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5], [0.5, 0.5]]
+        group_credit("gigpo", toy_group(), gamma=0.5, step_advantage_w=0.0), [[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5], [0.5, 0.5]]
     )
     # ω = 2: A: step0 0.5 + 2 * 0.25 = 1.0, step1 0.5 + 2 * 0.3333 = 1.1667; C step1 stays -0.5 (singleton).
-    advantages = gigpo_advantages(toy_group(), gamma=0.5, omega=2.0)
+    advantages = group_credit("gigpo", toy_group(), gamma=0.5, step_advantage_w=2.0)
     assert_close(advantages, [[1.0, 1.1667], [-1.0, -1.8333], [-1.0, -0.5], [1.0, 1.1667]])
 
 
@@ -225,13 +227,13 @@ def unequal_group() -> Group:
 
 def test_gigpo_unequal_lengths_step_rows():
     # A: 0.5 + 0.5 = 1.0;  B: -0.5 - 0.5, -0.5 - 0.5, -0.5 + 0;  C: 0.5 + 0, 0.5 + 0.5
-    advantages = gigpo_advantages(unequal_group(), gamma=0.5, statistic="step_rows")
+    advantages = group_credit("gigpo", unequal_group(), gamma=0.5, episode_statistic="step_rows")
     assert_close(advantages, [[1.0], [-1.0, -1.0, -0.5], [0.5, 1.0]])
 
 
 def test_gigpo_unequal_lengths_trajectories():
     # A: 0.3333 + 0.5 = 0.8333;  B: -0.6667 - 0.5, -0.6667 - 0.5, -0.6667 + 0;  C: 0.3333 + 0, 0.3333 + 0.5
-    advantages = gigpo_advantages(unequal_group(), gamma=0.5, statistic="trajectories")
+    advantages = group_credit("gigpo", unequal_group(), gamma=0.5, episode_statistic="trajectories")
     assert_close(advantages, [[0.8333], [-1.1667, -1.1667, -0.6667], [0.3333, 0.8333]])
 
 
@@ -243,29 +245,29 @@ def penalty_group() -> Group:
 
 def test_grpo_penalty_trajectories_statistic():
     # Over trajectories [1, 0]: mean 0.5, then -0.1 on B's invalid step.
-    assert_close(grpo_advantages(penalty_group(), scale="none"), [[0.5, 0.5], [-0.5, -0.6]])
+    assert_close(group_credit("grpo", penalty_group(), scale_rewards="none"), [[0.5, 0.5], [-0.5, -0.6]])
     # z-score: std sqrt(0.5) = 0.70711, 0.5 / (0.70711 + 1e-4) = 0.7070; B1: -0.7070 - 0.1 = -0.8070
-    assert_close(grpo_advantages(penalty_group()), [[0.7070, 0.7070], [-0.7070, -0.8070]])
+    assert_close(group_credit("grpo", penalty_group()), [[0.7070, 0.7070], [-0.7070, -0.8070]])
     # RLOO: 1 - 0 = 1, 0 - 1 = -1, then -0.1 on B1.
-    assert_close(rloo_advantages(penalty_group()), [[1.0, 1.0], [-1.0, -1.1]])
+    assert_close(group_credit("rloo", penalty_group()), [[1.0, 1.0], [-1.0, -1.1]])
 
 
 def test_grpo_penalty_step_rows_statistic():
     # Scores s = R - λ[invalid] = [1, 1 | 0, -0.1]; mean 1.9 / 4 = 0.475.
     # none: [0.525, 0.525 | -0.475, -0.575]
     assert_close(
-        grpo_advantages(penalty_group(), scale="none", statistic="step_rows"), [[0.525, 0.525], [-0.475, -0.575]]
+        group_credit("grpo", penalty_group(), scale_rewards="none", credit_statistic="step_rows"), [[0.525, 0.525], [-0.475, -0.575]]
     )
     # group: Σd² = 2 * 0.525² + 0.475² + 0.575² = 1.1075; std sqrt(1.1075 / 3) = 0.60759;
     #   0.525 / 0.60769 = 0.8639, -0.475 / 0.60769 = -0.7816, -0.575 / 0.60769 = -0.9462
-    assert_close(grpo_advantages(penalty_group(), statistic="step_rows"), [[0.8639, 0.8639], [-0.7816, -0.9462]])
+    assert_close(group_credit("grpo", penalty_group(), credit_statistic="step_rows"), [[0.8639, 0.8639], [-0.7816, -0.9462]])
 
 
 def test_grpo_penalty_not_divided_by_zero_std():
     # All returns 0, one invalid step: over trajectories the penalty stays exactly -λ, never -λ / 1e-4.
     group = group_of(episode(("s0", 0), ("s1", 0, False)), episode(("s0", 0), ("s1", 0)))
-    assert_close(grpo_advantages(group), [[0.0, -0.1], [0.0, 0.0]])
-    assert_close(grpo_advantages(group, invalid_penalty=0.0), [[0.0, 0.0], [0.0, 0.0]])
+    assert_close(group_credit("grpo", group), [[0.0, -0.1], [0.0, 0.0]])
+    assert_close(group_credit("grpo", group, invalid_action_penalty=0.0), [[0.0, 0.0], [0.0, 0.0]])
 
 
 def test_gigpo_penalty_step_rows():
@@ -273,20 +275,20 @@ def test_gigpo_penalty_step_rows():
     # ρ: A [0.5, 1]; B [0, 0 - 0.1] (local, after discounting: B0 stays 0, not -0.05).
     # A^S s0: [0.5, 0] mean 0.25 -> A0 +0.25, B0 -0.25;  s1: [1, -0.1] mean 0.45 -> A1 +0.55, B1 -0.55.
     # A: [0.525 + 0.25, 0.525 + 0.55] = [0.775, 1.075];  B: [-0.475 - 0.25, -0.575 - 0.55] = [-0.725, -1.125]
-    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="step_rows")
+    advantages = group_credit("gigpo", penalty_group(), gamma=0.5, episode_statistic="step_rows")
     assert_close(advantages, [[0.775, 1.075], [-0.725, -1.125]])
 
 
 def test_gigpo_penalty_trajectories():
     # A^E over trajectories [1, 0]: ±0.5, then -0.1 on B1 -> A: [0.5, 0.5], B: [-0.5, -0.6]; A^S as above.
     # A: [0.5 + 0.25, 0.5 + 0.55] = [0.75, 1.05];  B: [-0.5 - 0.25, -0.6 - 0.55] = [-0.75, -1.15]
-    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="trajectories")
+    advantages = group_credit("gigpo", penalty_group(), gamma=0.5, episode_statistic="trajectories")
     assert_close(advantages, [[0.75, 1.05], [-0.75, -1.15]])
 
 
 def test_gigpo_penalty_changes_only_the_invalid_row_return():
     # With λ = 0 the same group gives A: [0.75, 1.0], B: [-0.75, -1.0] (s1: [1, 0] mean 0.5).
-    advantages = gigpo_advantages(penalty_group(), gamma=0.5, statistic="trajectories", invalid_penalty=0.0)
+    advantages = group_credit("gigpo", penalty_group(), gamma=0.5, episode_statistic="trajectories", invalid_action_penalty=0.0)
     assert_close(advantages, [[0.75, 1.0], [-0.75, -1.0]])
 
 
@@ -299,15 +301,15 @@ MUD = "You are in the kitchen. On the counter 1, you see a mud."  # one characte
 def test_similarity_clustering_threshold():
     group = group_of(episode((MUG, 1)), episode((MUD, 0)))
     # Exact keys: two singletons -> A^S = 0, A = A^E = R - 0.5 = ±0.5.
-    assert_close(gigpo_advantages(group), [[0.5], [-0.5]])
+    assert_close(group_credit("gigpo", group), [[0.5], [-0.5]])
     # ratio 0.982 >= 0.9: one cluster [1, 0], mean 0.5 -> A^S = ±0.5 -> A = ±1.0
-    advantages, stats = gigpo_advantages_with_stats(group, similarity_threshold=0.9)
+    advantages, stats = group_credit_and_stats("gigpo", group, similarity_threshold=0.9)
     assert_close(advantages, [[1.0], [-1.0]])
-    assert stats == {"num_anchor_groups": 1, "mean_anchor_group_size": 2.0, "singleton_fraction": 0.0}
+    assert stats == {"num_anchor_groups": 1, "mean_anchor_group_size": 2.0, "singleton_anchor_fraction": 0.0}
     # ratio 0.982 < 0.999: two singletons again.
-    advantages, stats = gigpo_advantages_with_stats(group, similarity_threshold=0.999)
+    advantages, stats = group_credit_and_stats("gigpo", group, similarity_threshold=0.999)
     assert_close(advantages, [[0.5], [-0.5]])
-    assert stats == {"num_anchor_groups": 2, "mean_anchor_group_size": 1.0, "singleton_fraction": 1.0}
+    assert stats == {"num_anchor_groups": 2, "mean_anchor_group_size": 1.0, "singleton_anchor_fraction": 1.0}
 
 
 def test_similarity_joins_first_matching_cluster():
@@ -316,18 +318,18 @@ def test_similarity_joins_first_matching_cluster():
     group = group_of(episode((a, 1)), episode((b, 0)), episode((c, 0)))
     # A^E: R = [1, 0, 0], mean 1/3 -> [0.6667, -0.3333, -0.3333]
     # A^S: {a, c} returns [1, 0] mean 0.5 -> a +0.5, c -0.5;  {b} singleton -> 0
-    advantages = gigpo_advantages(group, similarity_threshold=0.5)
+    advantages = group_credit("gigpo", group, similarity_threshold=0.5)
     assert_close(advantages, [[1.1667], [-0.3333], [-0.8333]])
 
 
 def test_singleton_anchors_reduce_gigpo_to_grpo():
     # No state repeats: every A^S = 0, so GiGPO = Dr. GRPO (mean_norm) / GRPO z-score with ε = 1e-6 over step rows.
     group = group_of(episode(("a", 0), ("b", 1)), episode(("c", 0), ("d", 0)))
-    advantages, stats = gigpo_advantages_with_stats(group, gamma=0.5)
+    advantages, stats = group_credit_and_stats("gigpo", group, gamma=0.5)
     assert_close(advantages, [[0.5, 0.5], [-0.5, -0.5]])  # scores [1, 1, 0, 0], mean 0.5
-    assert stats["singleton_fraction"] == 1.0
+    assert stats["singleton_anchor_fraction"] == 1.0
     # mean_std_norm: std sqrt(4 * 0.25 / 3) = 0.5774 -> ±0.8660
-    assert_close(gigpo_advantages(group, mode="mean_std_norm"), [[0.8660, 0.8660], [-0.8660, -0.8660]])
+    assert_close(group_credit("gigpo", group, gigpo_mode="mean_std_norm"), [[0.8660, 0.8660], [-0.8660, -0.8660]])
 
 
 def test_anchor_state_key_versus_observation():
@@ -335,12 +337,12 @@ def test_anchor_state_key_versus_observation():
     first, second = episode(("view 1", 1)), episode(("view 2", 0))
     first.steps[0].state_key = second.steps[0].state_key = (2, 3)
     group = group_of(first, second)
-    assert_close(gigpo_advantages(group, anchor="state_key"), [[1.0], [-1.0]])  # A^E ±0.5 + A^S ±0.5
-    assert_close(gigpo_advantages(group, anchor="observation"), [[0.5], [-0.5]])  # singletons
+    assert_close(group_credit("gigpo", group, anchor="state_key"), [[1.0], [-1.0]])  # A^E ±0.5 + A^S ±0.5
+    assert_close(group_credit("gigpo", group, anchor="observation"), [[0.5], [-0.5]])  # singletons
     # Similarity needs text anchors.
     with pytest.raises(TypeError, match="text anchors"):
-        gigpo_advantages(group, anchor="state_key", similarity_threshold=0.9)
-    assert_close(gigpo_advantages(group, anchor="observation", similarity_threshold=0.5), [[1.0], [-1.0]])
+        group_credit("gigpo", group, anchor="state_key", similarity_threshold=0.9)
+    assert_close(group_credit("gigpo", group, anchor="observation", similarity_threshold=0.5), [[1.0], [-1.0]])
 
 
 # ---------------------------------------------------------------- structure and edge cases
@@ -360,26 +362,24 @@ def test_permuting_trajectories_permutes_advantages(name, options):
         for _ in range(6)
     ]
     order = [3, 0, 5, 1, 4, 2]
-    estimator = get_estimator(name)
-    advantages = estimator(group_of(*trajectories), **options)
-    permuted = estimator(group_of(*(trajectories[i] for i in order)), **options)
+    advantages = group_credit(name, group_of(*trajectories), **options)
+    permuted = group_credit(name, group_of(*(trajectories[i] for i in order)), **options)
     assert_close(permuted, [advantages[i] for i in order], tol=1e-12)
 
 
 @pytest.mark.parametrize(("name", "options"), ALL_CONFIGS)
 def test_empty_group_and_zero_step_trajectories(name, options):
-    estimator = get_estimator(name)
-    assert estimator(group_of(), **options) == []
-    assert estimator(group_of(Trajectory(task={})), **options) == [[]]
-    mixed = estimator(group_of(Trajectory(task={}), episode(("s0", 0), ("s1", 1))), **options)
+    assert group_credit(name, group_of(), **options) == []
+    assert group_credit(name, group_of(Trajectory(task={})), **options) == [[]]
+    mixed = group_credit(name, group_of(Trajectory(task={}), episode(("s0", 0), ("s1", 1))), **options)
     assert [len(row) for row in mixed] == [0, 2]
     assert all_finite(mixed)
 
 
 def test_gigpo_stats_empty_group():
-    assert gigpo_advantages_with_stats(group_of()) == (
+    assert group_credit_and_stats("gigpo", group_of()) == (
         [],
-        {"num_anchor_groups": 0, "mean_anchor_group_size": 0.0, "singleton_fraction": 0.0},
+        {"num_anchor_groups": 0, "mean_anchor_group_size": 0.0, "singleton_anchor_fraction": 0.0},
     )
 
 
@@ -392,20 +392,20 @@ def test_discounted_returns():
 def test_bad_arguments_are_rejected():
     group = toy_group()
     with pytest.raises(ValueError, match="scale"):
-        grpo_advantages(group, scale="batch")
+        group_credit("grpo", group, scale_rewards="batch")
     with pytest.raises(ValueError, match="statistic"):
-        grpo_advantages(group, statistic="rows")
+        group_credit("grpo", group, credit_statistic="rows")
     with pytest.raises(ValueError, match="mode"):
-        gigpo_advantages(group, mode="std")
+        group_credit("gigpo", group, gigpo_mode="std")
     with pytest.raises(ValueError, match="anchor"):
-        gigpo_advantages(group, anchor="history")
+        group_credit("gigpo", group, anchor="history")
     for threshold in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match="similarity_threshold"):
-            gigpo_advantages(group, similarity_threshold=threshold)
+            group_credit("gigpo", group, similarity_threshold=threshold)
     with pytest.raises(ValueError, match="non-finite"):
-        grpo_advantages(one_step_group(1.0, float("nan")))
+        group_credit("grpo", one_step_group(1.0, float("nan")))
     with pytest.raises(ValueError, match="non-finite"):
-        gigpo_advantages(one_step_group(1.0, float("inf")))
+        group_credit("gigpo", one_step_group(1.0, float("inf")))
 
 
 # ---------------------------------------------------------------- registry
@@ -413,10 +413,38 @@ def test_bad_arguments_are_rejected():
 
 def test_registry():
     assert {"grpo", "rloo", "gigpo"} <= set(CREDIT_ESTIMATORS)
-    assert all(get_estimator(name) is fn for name, fn in CREDIT_ESTIMATORS.items())
-    assert get_estimator("grpo") is grpo_advantages
-    assert get_estimator("rloo") is rloo_advantages
-    assert get_estimator("gigpo") is gigpo_advantages
+    assert all(get_estimator(name) is entry for name, entry in CREDIT_ESTIMATORS.items())
+    assert get_estimator("grpo").function is grpo_advantages
+    assert get_estimator("rloo").function is rloo_advantages
+    assert get_estimator("gigpo").function is gigpo_advantages
+
+
+def test_params_come_from_a_config_and_are_checked_once():
+    # Params fields are config fields: `from_config` reads them off a config; run-time inputs come as keywords.
+    config = SimpleNamespace(invalid_action_penalty=0.2, scale_rewards="none", credit_statistic="step_rows")
+    assert GRPOParams.from_config(config) == GRPOParams(
+        invalid_action_penalty=0.2, scale_rewards="none", credit_statistic="step_rows"
+    )
+    assert GRPOParams.from_config(config, eps=1e-3).eps == 1e-3
+    with pytest.raises(ValueError, match="'gamma'"):  # a config without GiGPO's fields
+        GiGPOParams.from_config(config)
+    with pytest.raises(TypeError, match="'omega'"):  # not a field
+        GRPOParams.from_config(config, omega=1.0)
+    with pytest.raises(ValueError, match="scale"):  # validated when built, not on every call
+        GRPOParams(scale_rewards="batch")
+    with pytest.raises(TypeError, match="takes GiGPOParams"):
+        get_estimator("gigpo")([toy_group()], GRPOParams())
+
+
+def test_stats_are_totals_over_the_groups_of_a_call():
+    # GiGPO's anchor stats are over the groups that have anchor states (the empty group is not counted); a trainer
+    # logs Σ total / Σ count of the stats the estimator declares (`metrics`), not its other diagnostics.
+    estimator = get_estimator("gigpo")
+    advantages, stats = estimator([toy_group(), group_of()], estimator.params(gamma=0.5))
+    assert advantages[0] == group_credit("gigpo", toy_group(), gamma=0.5) and advantages[1] == []
+    assert stats["num_anchor_groups"] == (3, 1) and stats["mean_anchor_group_size"] == (8 / 3, 1)
+    assert set(estimator.logged(stats)) == {"mean_anchor_group_size", "singleton_anchor_fraction"}
+    assert get_estimator("grpo")([toy_group()], GRPOParams())[1] == {}
 
 
 def test_unknown_estimator_message():

@@ -21,12 +21,12 @@ import yaml
 from trl_agents.credit import base as credit_base
 from trl_agents.credit import sspo as credit_sspo
 from trl_agents.credit.sspo import (
-    StateScoreTable,
     sspo_advantages,
-    sspo_advantages_with_stats,
     sspo_step_rewards,
 )
 from trl_agents.envs import AgentEnv, register_env
+from trl_agents.rollout.topologies import state_score
+from trl_agents.rollout.topologies.state_score import StateScoreTable
 from trl_agents.signals import Transition
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS, get_method
@@ -112,8 +112,8 @@ def test_terminal_score_unseen():
     rewards, _ = sspo_step_rewards(hand_group(), hand_table(), terminal_score="unseen")
     assert_close(rewards, [[0.3759107, 0.8368577], [0.4088787, -0.1988058], [0.0, 0.2440387, 0.5]])
     # Every last step of the hand case is a singleton, so the advantages do not change.
-    assert_close(sspo_advantages(hand_group(), table=hand_table(), terminal_score="unseen"),
-                 sspo_advantages(hand_group(), table=hand_table()))
+    assert_close(helpers.group_credit("3spo", hand_group(), state_scores=hand_table(), terminal_score="unseen"),
+                 helpers.group_credit("3spo", hand_group(), state_scores=hand_table()))
 
 
 def keyed(state: str, reached: str | None = None, reward: float = 0.0) -> Step:
@@ -137,7 +137,7 @@ def test_the_state_after_the_last_action_is_looked_up_in_the_table():
                      episode(keyed("s0"), keyed("s1", reached="s2")))
     rewards, _ = sspo_step_rewards(group, hand_table())
     assert_close(rewards, [[0.3759107, 0.8368577], [0.3759107, 0.4274923]])
-    assert_close(sspo_advantages(group, table=hand_table()), [[0.0, 0.2046827], [0.0, -0.2046827]])
+    assert_close(helpers.group_credit("3spo", group, state_scores=hand_table()), [[0.0, 0.2046827], [0.0, -0.2046827]])
     # terminal_score only applies where nothing is recorded: it changes nothing here.
     assert sspo_step_rewards(group, hand_table(), terminal_score="unseen")[0] == rewards
     # An action that leaves the state unchanged (s1 -> s1) is not novel: 0 + 0.0906346 x (S(s1) - S(s1)) = 0.
@@ -150,7 +150,7 @@ def test_the_state_after_the_last_action_is_looked_up_in_the_table():
 
 
 def test_hand_computed_advantages():
-    advantages, stats = sspo_advantages_with_stats(hand_group(), table=hand_table())
+    advantages, stats = helpers.group_credit_and_stats("3spo", hand_group(), state_scores=hand_table())
     assert_close(advantages, [[0.1437037, 0.0], [0.1766717, 0.0], [-0.3322070, 0.0118317, 0.0]])
     # mean R (before the penalty) = (0.3759107 + 0.9093654 + 0.4088787 + 0.1505971 + 0 + 0.2440387 + 0.5) / 7
     assert stats["mean_step_reward"] == pytest.approx(0.3698272, abs=TOL)
@@ -158,13 +158,13 @@ def test_hand_computed_advantages():
 
 
 def test_hand_computed_mean_std_norm():
-    advantages = sspo_advantages(hand_group(), table=hand_table(), mode="mean_std_norm")
+    advantages = helpers.group_credit("3spo", hand_group(), state_scores=hand_table(), sspo_mode="mean_std_norm")
     assert_close(advantages, [[0.6177037, 0.0], [0.7594153, 0.0], [-1.4279770, 0.0508580, 0.0]])
 
 
 def test_hand_computed_episode_term():
     # w_E = 1, mean_norm: returns [1, 0, 0], mean 1/3 -> A^E = [0.6666667, -0.3333333, -0.3333333] on every step.
-    advantages = sspo_advantages(hand_group(), table=hand_table(), episode_weight=1.0)
+    advantages = helpers.group_credit("3spo", hand_group(), state_scores=hand_table(), episode_advantage_w=1.0)
     expected = [[0.1437037 + 0.6666667, 0.6666667], [0.1766717 - 0.3333333, -0.3333333],
                 [-0.3322070 - 0.3333333, 0.0118317 - 0.3333333, -0.3333333]]
     assert_close(advantages, expected)
@@ -219,7 +219,7 @@ def test_table_save_load_round_trip(tmp_path):
     assert loaded.score("s0", "t") == table.score("s0", "t")
     with open(path) as handle:
         data = json.load(handle)
-    assert data["format"] == credit_sspo.TABLE_FORMAT and data["hyperparameters"]["alpha"] == 1.0
+    assert data["format"] == state_score.TABLE_FORMAT and data["hyperparameters"]["alpha"] == 1.0
     with pytest.raises(ValueError, match="scope='task'.*scope='global'"):
         StateScoreTable(scope="global").load_counts(path)
     other = tmp_path / "other.json"
@@ -237,7 +237,7 @@ def test_identical_episodes_give_zero():
         group = group_of(*(episode(step("s0"), step("s1"), step("s2"), success=success) for _ in range(4)))
         for table in (None, hand_table()):
             for mode in ("mean_norm", "mean_std_norm"):
-                assert sspo_advantages(group, table=table, mode=mode) == [[0.0, 0.0, 0.0]] * 4
+                assert helpers.group_credit("3spo", group, state_scores=table, sspo_mode=mode) == [[0.0, 0.0, 0.0]] * 4
 
 
 def test_all_equal_rewards_still_separate_novel_from_stuck_steps():
@@ -245,7 +245,7 @@ def test_all_equal_rewards_still_separate_novel_from_stuck_steps():
     # changes. Empty table (S = 1, ω = 0.5), both fail: a step that moves gets R = 0.5, one that stays (s0 -> s0)
     # gets 0: siblings at s0 [0.5 (A0), 0 (B0), 0.5 (B1)], mean 1/3 -> A0 1/6, B0 -1/3, B1 1/6.
     group = group_of(episode(step("s0"), step("s1")), episode(step("s0"), step("s0"), step("s2")))
-    assert_close(sspo_advantages(group, invalid_penalty=0.0), [[1 / 6, 0.0], [-1 / 3, 1 / 6, 0.0]])
+    assert_close(helpers.group_credit("3spo", group, invalid_action_penalty=0.0), [[1 / 6, 0.0], [-1 / 3, 1 / 6, 0.0]])
 
 
 @pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
@@ -258,8 +258,8 @@ def test_permuting_trajectories_permutes_advantages(mode):
     ]
     order = [3, 0, 5, 1, 4, 2]
     table = hand_table()
-    base = sspo_advantages(group_of(*trajectories), table=table, mode=mode, episode_weight=0.5)
-    permuted = sspo_advantages(group_of(*(trajectories[i] for i in order)), table=table, mode=mode, episode_weight=0.5)
+    base = helpers.group_credit("3spo", group_of(*trajectories), state_scores=table, sspo_mode=mode, episode_advantage_w=0.5)
+    permuted = helpers.group_credit("3spo", group_of(*(trajectories[i] for i in order)), state_scores=table, sspo_mode=mode, episode_advantage_w=0.5)
     for row_p, row_b in zip(permuted, [base[i] for i in order], strict=True):
         assert row_p == pytest.approx(row_b, abs=1e-12)
 
@@ -267,28 +267,28 @@ def test_permuting_trajectories_permutes_advantages(mode):
 @pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
 @pytest.mark.parametrize("episode_weight", [0.0, 1.0])
 def test_edge_cases_give_finite_advantages(mode, episode_weight):
-    options = {"mode": mode, "episode_weight": episode_weight}
-    assert sspo_advantages(group_of(), **options) == []
-    assert sspo_advantages(group_of(Trajectory(task={})), **options) == [[]]
+    options = {"sspo_mode": mode, "episode_advantage_w": episode_weight}
+    assert helpers.group_credit("3spo", group_of(), **options) == []
+    assert helpers.group_credit("3spo", group_of(Trajectory(task={})), **options) == [[]]
     # A group of one episode: every sibling group is a singleton (no repeated state) -> 0.
-    assert sspo_advantages(group_of(episode(step("s0"), step("s1"), success=True)), **options) == [[0.0, 0.0]]
-    mixed = sspo_advantages(group_of(Trajectory(task={}), episode(step("s0")), episode(step("s0"))), **options)
+    assert helpers.group_credit("3spo", group_of(episode(step("s0"), step("s1"), success=True)), **options) == [[0.0, 0.0]]
+    mixed = helpers.group_credit("3spo", group_of(Trajectory(task={}), episode(step("s0")), episode(step("s0"))), **options)
     assert [len(row) for row in mixed] == [0, 1, 1] and all_finite(mixed)
     invalid = group_of(episode(step("s0", valid=False)), episode(step("s0", valid=False), step("s0", valid=False)))
-    advantages = sspo_advantages(invalid, table=hand_table(), **options)
+    advantages = helpers.group_credit("3spo", invalid, state_scores=hand_table(), **options)
     assert all_finite(advantages) and [len(row) for row in advantages] == [1, 2]
 
 
 def test_bad_inputs_are_rejected():
     group = hand_group()
     with pytest.raises(ValueError, match="mode"):
-        sspo_advantages(group, mode="std")
+        helpers.group_credit("3spo", group, sspo_mode="std")
     with pytest.raises(ValueError, match="terminal_score"):
-        sspo_advantages(group, terminal_score="final")
+        helpers.group_credit("3spo", group, terminal_score="final")
     with pytest.raises(ValueError, match="episode_weight"):
-        sspo_advantages(group, episode_weight=float("inf"))
+        helpers.group_credit("3spo", group, episode_advantage_w=float("inf"))
     with pytest.raises(ValueError, match="non-finite"):
-        sspo_advantages(group_of(episode(step("s0", reward=float("nan")))))
+        helpers.group_credit("3spo", group_of(episode(step("s0", reward=float("nan")))))
     with pytest.raises(ValueError, match="scope"):
         StateScoreTable(scope="world")
     for name in ("alpha", "xi", "zeta", "omega_k"):
@@ -311,7 +311,7 @@ def test_config_validation(tmp_path):
 
 
 def test_registered_as_3spo():
-    assert credit_base.get_estimator("3spo") is sspo_advantages
+    assert credit_base.get_estimator("3spo").function is sspo_advantages
 
 
 def test_docstring_examples():

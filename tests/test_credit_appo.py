@@ -1,5 +1,6 @@
-"""APPO's math (trl_agents.credit.appo): future value, branching score, prefix scale, dual-group credit and the
-future-KL loss scaling, on hand-computed numbers (docs/methods/appo.md "Hand-computed case")."""
+"""APPO's math: future value and branching score (trl_agents.rollout.topologies.appo), prefix scale, dual-group
+credit and the future-KL loss scaling (trl_agents.credit.appo), on hand-computed numbers (docs/methods/appo.md
+"Hand-computed case")."""
 
 from __future__ import annotations
 
@@ -8,23 +9,33 @@ import math
 import pytest
 import torch
 
+from trl_agents.credit import stat_means
 from trl_agents.credit.appo import (
-    BranchPoint,
+    APPOParams,
     appo_advantages,
-    branching_scores,
     decay_gamma,
     dual_clip_drops,
     future_kl,
     future_kl_advantages,
     future_kl_weights,
-    future_values,
     group_zscores,
-    is_punctuation,
     prefix_scale,
+)
+from trl_agents.rollout.topologies.appo import (
+    BranchPoint,
+    branching_scores,
+    future_values,
+    is_punctuation,
     top_positions,
     zscores,
 )
 from trl_agents.trajectory import Group, Step, Trajectory
+
+
+def appo(group, branch_points, **params):
+    """APPO on one group with its branch points and `APPOParams(**params)`: (advantages, the value of each stat)."""
+    (advantages,), stats = appo_advantages([group], APPOParams(branch_points=[branch_points], **params))
+    return advantages, stat_means(stats)
 
 
 def test_future_value_of_the_acceptance_case():
@@ -123,7 +134,7 @@ def test_audit_case_matches_the_released_code():
     for branch in branches:
         branch.steps[0] = init[0].steps[0]
     points = [BranchPoint(0, 4, 0, 0, 2, 2, 1.0, (1, 2, 3)), BranchPoint(0, 5, 0, 0, 4, 4, 0.5, (1, 2, 3, 4, 5))]
-    advantages, stats = appo_advantages(Group(task={}, trajectories=init + branches), points)
+    advantages, stats = appo(Group(task={}, trajectories=init + branches), branch_points=points)
     assert advantages[0][0] == pytest.approx([1.7320508] * 6, abs=1e-5)
     assert advantages[1] == [pytest.approx(-0.5773503, abs=1e-5)]
     assert advantages[4:] == [[0.0], [0.0]]
@@ -147,7 +158,7 @@ def test_dual_group_credit_by_hand():
     b4 = rollout(4, 1.0, [[5, 2, 2]], parent=1, fork_step=0)
     group = Group(task={}, trajectories=[init0, init1, init2, b3, b4])
     points = [BranchPoint(0, 3, 0, 1, 0, 3, 1.0, (8,)), BranchPoint(0, 4, 1, 0, 0, 0, 0.5, (5,))]
-    advantages, stats = appo_advantages(group, points, eps=0.0)
+    advantages, stats = appo(group, branch_points=points, appo_std_eps=0.0)
     assert advantages[0][0] == pytest.approx([0.0451241] * 3, abs=1e-6)
     assert advantages[0][1] == pytest.approx([0.0451241, 1.0451241], abs=1e-6)
     assert advantages[1][0] == pytest.approx([-0.3476600, -1.3476600, -1.3476600], abs=1e-6)
@@ -158,7 +169,7 @@ def test_dual_group_credit_by_hand():
     assert stats["prefix_tokens"] == 5  # 4 of o0, 1 of o1
     # BS_max is the batch's (here 2, from another task): M(2) = 1 + (1/2)·.9 = 1.45, R'_0 = .725 + .5 = 1.225,
     # μ = .74167, σ = .53243 -> A = [.90780, −1.39301, .48520].
-    advantages, _ = appo_advantages(group, points, score_max=2.0, eps=0.0)
+    advantages, _ = appo(group, branch_points=points, score_max=2.0, appo_std_eps=0.0)
     assert advantages[0][1] == pytest.approx([0.9078027 - 1.0, 0.9078027], abs=1e-6)
     assert advantages[2] == pytest.approx([0.4852049, 0.4852049], abs=1e-6)
 
@@ -167,17 +178,17 @@ def test_dual_group_credit_guards():
     # No branch: plain z-scores of the init group; equal returns: 0; a failed branch (absent) is ignored.
     group = Group(task={}, trajectories=[rollout(0, 1.0, [[1, 2]]), rollout(1, 1.0, [[1, 2]])])
     points = [BranchPoint(0, 7, 0, 0, 0, 0, 1.0, (1,))]
-    advantages, stats = appo_advantages(group, points)
+    advantages, stats = appo(group, branch_points=points)
     assert advantages == [[0.0], [0.0]] and stats["branch_points"] == 0
-    assert appo_advantages(Group(task={}, trajectories=[]), []) == ([], {
+    assert appo(Group(task={}, trajectories=[]), branch_points=[]) == ([], {
         "init_rollouts": 0.0, "branches": 0.0, "branch_points": 0.0, "init_success_rate": 0.0,
         "branch_success_rate": 0.0, "mean_reward_scale": 1.0, "prefix_tokens": 0.0})
     # invalid steps of init rollouts pay λ after the z-score: [1, 0] -> ±1 (population σ = .5)
     group = Group(task={}, trajectories=[rollout(0, 1.0, [[1]], valid=False), rollout(1, 0.0, [[1]])])
-    advantages, _ = appo_advantages(group, [], eps=0.0, invalid_penalty=0.1)
+    advantages, _ = appo(group, branch_points=[], appo_std_eps=0.0, invalid_action_penalty=0.1)
     assert advantages == [[pytest.approx(0.9)], [pytest.approx(-1.0)]]
     with pytest.raises(ValueError, match="non-finite"):
-        appo_advantages(Group(task={}, trajectories=[rollout(0, math.nan, [[1]])]), [])
+        appo(Group(task={}, trajectories=[rollout(0, math.nan, [[1]])]), branch_points=[])
 
 
 def test_future_kl_multiplier_of_the_acceptance_case():

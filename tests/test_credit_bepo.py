@@ -14,15 +14,11 @@ from itertools import chain
 
 import numpy as np
 import pytest
-import torch
-import yaml
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_credit_and_stats, group_of, two_scripted_frozenlake_steps
 
 from trl_agents.credit import bepo as credit_bepo
-from trl_agents.credit import get_estimator, grpo_advantages
-from trl_agents.credit.bepo import bellman_credit, bepo_advantages, bepo_advantages_with_stats, bepo_batch_advantages
-from trl_agents.envs import AgentEnv, get_env_class, register_env
-from trl_agents.testing import tiny_training_config
+from trl_agents.credit import get_estimator, stat_means
+from trl_agents.credit.bepo import BEPOParams, bellman_credit, bepo_advantages
 from trl_agents.trainers import bepo as trainer_bepo
 from trl_agents.trainers.bepo import BEPOConfig, BEPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -82,7 +78,7 @@ def test_toy_gae_lambda_one():
 
 
 def test_toy_fused_advantages():
-    advantages, stats = bepo_advantages_with_stats(toy_group(), gamma=1.0, lam=1.0, std_floor=0.0)  # the bare σ_B
+    advantages, stats = group_credit_and_stats("bepo", toy_group(), gamma=1.0, gae_lambda=1.0, bellman_std_floor=0.0)  # the bare σ_B
     # A^GRPO: R = [1, 0, 0, 1], mean 0.5, Bessel std 0.57735 -> ±0.5/(0.57735 + 1e-4) = ±0.86588
     # Gated A^B (all rows but C1): [0.5, 1/3, −0.5, −2/3, −0.5, 0.5, 1/3]: mean 0,
     #   Bessel var (4·0.25 + 2·1/9 + 4/9)/6 = 5/18 -> σ_B = 0.527046
@@ -100,7 +96,7 @@ def test_toy_fused_advantages():
 def test_toy_fixed_mixing_and_no_norm():
     # mixing "fixed" (w = 1) and no normalisation: A = A^GRPO + A^B on gated rows.
     #   A: [0.86588 + 0.5, 0.86588 + 0.3333];  B: [−0.86588 − 0.5, −0.86588 − 0.6667];  C: [−0.86588 − 0.5, −0.86588]
-    advantages = bepo_advantages(toy_group(), gamma=1.0, lam=1.0, mixing="fixed", bellman_norm="none")
+    advantages = group_credit("bepo", toy_group(), gamma=1.0, gae_lambda=1.0, bepo_mixing="fixed", bellman_norm="none")
     assert_close(advantages, [[1.3659, 1.1992], [-1.3659, -1.5325], [-1.3659, -0.8659], [1.3659, 1.1992]])
 
 
@@ -139,7 +135,7 @@ def test_cyclic_values_beta_half():
 
 
 def test_cyclic_fused_advantages():
-    advantages = bepo_advantages(cyclic_group(), gamma=1.0, lam=1.0, std_floor=0.0)
+    advantages = group_credit("bepo", cyclic_group(), gamma=1.0, gae_lambda=1.0, bellman_std_floor=0.0)
     # A^GRPO: R = [1, 0] -> ±0.5/(0.707107 + 1e-4) = ±0.707007
     # Gated rows (s1): A1 = 0.5, A3 = 0.5, B1 = −0.5: mean 1/6, Bessel var (2·(1/3)² + (2/3)²)/2 = 1/3, σ_B = 0.57735
     # w(s1) = 3/4:  Â = 0.75·0.5/(0.57735 + 1e-6) = 0.649519
@@ -156,8 +152,8 @@ def test_self_loops_of_invalid_actions_are_cycles():
     assert credit.values == pytest.approx({"s0": 0.5, "s1": 1.0, "s2": 0.0})
     assert credit.successors == {"s0": 3, "s1": 1, "s2": 1}
     # The penalty enters A^GRPO only: the GRPO part of row A0 is 0.707007 − 0.1.
-    advantages = bepo_advantages(group, gamma=1.0, lam=1.0, std_floor=0.0)
-    grpo = grpo_advantages(group)
+    advantages = group_credit("bepo", group, gamma=1.0, gae_lambda=1.0, bellman_std_floor=0.0)
+    grpo = group_credit("grpo", group)
     assert grpo[0][0] == pytest.approx(0.707007 - 0.1, abs=TOL)
     # Gated rows (s0): A^B = return − V(s0): A0 = 0.5, A1 = 0.5, B0 = −0.5 -> σ_B = 0.57735, w = 3/4 -> ±0.649519
     assert_close(advantages, [[0.6070 + 0.6495, 0.7070 + 0.6495, 0.7070], [-0.7070 - 0.6495, -0.7070]])
@@ -173,7 +169,7 @@ def test_gate_successors_versus_actions():
     assert bellman_credit(group, gate="actions").gated == [[False, False], [False, False]]
     assert bellman_credit(group, gate="none").gated == [[True, True], [True, True]]
     # With the actions gate closed everywhere, Gated-BEPO is GRPO.
-    assert bepo_advantages(group, gate="actions") == grpo_advantages(group)
+    assert group_credit("bepo", group, bepo_gate="actions") == group_credit("grpo", group)
 
 
 def test_rejected_actions_merge_for_the_actions_gate():
@@ -235,21 +231,21 @@ def test_action_labels_do_not_change_values():
         for t, step in enumerate(traj.steps):
             step.info = {"action": f"a{(k + t) % 3}"}
     assert bellman_credit(group).values == bellman_credit(relabelled).values
-    assert bepo_advantages(group) == bepo_advantages(relabelled)
+    assert group_credit("bepo", group) == group_credit("bepo", relabelled)
 
 
 def test_no_repeated_state_reduces_to_grpo():
     # Every state seen once: one successor each, every gate closed -> A^GRPO exactly.
     group = group_of(episode(("a", 0), ("b", 1), success=True), episode(("c", 0), ("d", 0)), episode(("e", 2)))
-    assert bepo_advantages(group) == grpo_advantages(group)
-    assert bepo_advantages_with_stats(group)[1]["gated_row_fraction"] == 0.0
+    assert group_credit("bepo", group) == group_credit("grpo", group)
+    assert group_credit_and_stats("bepo", group)[1]["gated_row_fraction"] == 0.0
 
 
 def test_all_zero_rewards_give_zero():
     # No reward anywhere: V = 0, δ = 0, A^B = 0, A^GRPO = 0 -> every advantage exactly 0, cycles and gates included.
     group = group_of(episode(("s0", 0), ("s1", 0), ("s0", 0)), episode(("s0", 0), ("s2", 0)), episode(("s0", 0)))
     for gate in ("successors", "actions", "none"):
-        assert bepo_advantages(group, gate=gate) == [[0.0, 0.0, 0.0], [0.0, 0.0], [0.0]]
+        assert group_credit("bepo", group, bepo_gate=gate) == [[0.0, 0.0, 0.0], [0.0, 0.0], [0.0]]
 
 
 @pytest.mark.parametrize("reward", [1.0, 0.1, 10.0])
@@ -257,17 +253,17 @@ def test_all_equal_rewards_give_zero(reward):
     # Same rewards at the same steps (test_credit.py's group): every Bellman residual and A^GRPO are 0 (up to the
     # rounding of the linear solve, divided by σ_B + ε).
     group = group_of(*(episode(("s0", 0), (f"s{i % 2 + 1}", reward), ("s3", 0)) for i in range(4)))
-    advantages = bepo_advantages(group)
+    advantages = group_credit("bepo", group)
     assert_close(advantages, [[0.0, 0.0, 0.0]] * 4, tol=1e-9)
 
 
 OPTIONS = [
     {},
-    {"gate": "actions"},
-    {"gate": "none", "mixing": "fixed"},
-    {"bellman_norm": "none", "lam": 0.0},
-    {"episode_scale": "none", "episode_statistic": "step_rows"},
-    {"anchor": "observation", "gamma": 1.0, "lam": 1.0},
+    {"bepo_gate": "actions"},
+    {"bepo_gate": "none", "bepo_mixing": "fixed"},
+    {"bellman_norm": "none", "gae_lambda": 0.0},
+    {"scale_rewards": "none", "credit_statistic": "step_rows"},
+    {"anchor": "observation", "gamma": 1.0, "gae_lambda": 1.0},
 ]
 
 
@@ -275,35 +271,35 @@ OPTIONS = [
 def test_permuting_trajectories_permutes_advantages(options):
     trajectories = random_group(random.Random(3)).trajectories
     order = [3, 0, 5, 1, 4, 2]
-    advantages = bepo_advantages(group_of(*trajectories), **options)
-    permuted = bepo_advantages(group_of(*(trajectories[i] for i in order)), **options)
+    advantages = group_credit("bepo", group_of(*trajectories), **options)
+    permuted = group_credit("bepo", group_of(*(trajectories[i] for i in order)), **options)
     assert_close(permuted, [advantages[i] for i in order], tol=1e-9)
 
 
 @pytest.mark.parametrize("options", OPTIONS)
 def test_degenerate_groups(options):
-    assert bepo_advantages(group_of(), **options) == []
-    assert bepo_advantages_with_stats(group_of(), **options)[1] == {
+    assert group_credit("bepo", group_of(), **options) == []
+    assert group_credit_and_stats("bepo", group_of(), **options)[1] == {
         "num_states": 0, "gated_row_fraction": 0.0, "bellman_std": 0.0
     }
-    assert bepo_advantages(group_of(Trajectory(task={})), **options) == [[]]
-    mixed = bepo_advantages(group_of(Trajectory(task={}), episode(("s0", 0), ("s1", 1))), **options)
+    assert group_credit("bepo", group_of(Trajectory(task={})), **options) == [[]]
+    mixed = group_credit("bepo", group_of(Trajectory(task={}), episode(("s0", 0), ("s1", 1))), **options)
     assert [len(row) for row in mixed] == [0, 2] and all_finite(mixed)
     # Singleton group: nothing to compare with -> A^GRPO = 0; a lone state has one successor (gate closed), and with
     # the gate forced open its Bellman residuals are 0 (up to the rounding of the solve).
-    assert_close(bepo_advantages(group_of(episode(("s0", 0), ("s1", 3))), **options), [[0.0, 0.0]], tol=1e-9)
+    assert_close(group_credit("bepo", group_of(episode(("s0", 0), ("s1", 3))), **options), [[0.0, 0.0]], tol=1e-9)
     # Length-1 trajectories from one shared state: s0 -> z+ / z- is a gated state.
     ones = group_of(episode(("s0", 1), success=True), episode(("s0", 0)), episode(("s0", 0)))
-    ones = bepo_advantages(ones, **options)
+    ones = group_credit("bepo", ones, **options)
     assert all_finite(ones) and ones[0][0] > 0 > ones[1][0]
     # All actions invalid (self-loops everywhere, no reward): only the penalty remains, finite.
     invalid = group_of(*(episode(("s0", 0, False), ("s0", 0, False), ("s0", 0, False)) for _ in range(3)))
-    advantages = bepo_advantages(invalid, **options)
+    advantages = group_credit("bepo", invalid, **options)
     assert all_finite(advantages)
-    expected = -0.1 if options.get("episode_statistic") != "step_rows" else 0.0  # step rows: penalty inside μ
+    expected = -0.1 if options.get("credit_statistic") != "step_rows" else 0.0  # step rows: penalty inside μ
     assert_close(advantages, [[expected] * 3] * 3, tol=1e-9)
     # A long random group with cycles stays finite.
-    assert all_finite(bepo_advantages(random_group(random.Random(11), size=16, states=3), **options))
+    assert all_finite(group_credit("bepo", random_group(random.Random(11), size=16, states=3), **options))
 
 
 def test_similarity_clustering_merges_nodes():
@@ -319,22 +315,22 @@ def test_similarity_clustering_merges_nodes():
 def test_bad_arguments_are_rejected():
     group = toy_group()
     for kwargs, name in [
-        ({"gamma": 0.0}, "gamma"), ({"gamma": 1.5}, "gamma"), ({"lam": -0.1}, "lam"), ({"lam": 2.0}, "lam"),
-        ({"gate": "states"}, "gate"), ({"mixing": "adaptive"}, "mixing"), ({"n0": 0.0}, "n0"),
-        ({"bellman_norm": "batch"}, "bellman_norm"), ({"anchor": "history"}, "anchor"),
+        ({"gamma": 0.0}, "gamma"), ({"gamma": 1.5}, "gamma"), ({"gae_lambda": -0.1}, "lam"),
+        ({"gae_lambda": 2.0}, "lam"), ({"bepo_gate": "states"}, "gate"), ({"bepo_mixing": "adaptive"}, "mixing"),
+        ({"mixing_n0": 0.0}, "n0"), ({"bellman_norm": "batch"}, "bellman_norm"), ({"anchor": "history"}, "anchor"),
         ({"similarity_threshold": 1.0}, "similarity_threshold"), ({"eps": 0.0}, "eps"),
-        ({"episode_scale": "batch"}, "scale"),
+        ({"scale_rewards": "batch"}, "scale"),
     ]:
         with pytest.raises(ValueError, match=name):
-            bepo_advantages(group, **kwargs)
+            group_credit("bepo", group, **kwargs)
     with pytest.raises(ValueError, match="non-finite"):
-        bepo_advantages(group_of(episode(("s", float("nan")))))
+        group_credit("bepo", group_of(episode(("s", float("nan")))))
     with pytest.raises(ValueError, match="finite step rewards"):
         bellman_credit(group_of(episode(("s", 0), ("t", float("inf")))))
 
 
 def test_registry_and_docstrings():
-    assert get_estimator("bepo") is bepo_advantages
+    assert get_estimator("bepo").function is bepo_advantages
     for module in (credit_bepo, trainer_bepo):
         assert doctest.testmod(module).failed == 0
 
@@ -360,81 +356,12 @@ def test_config_validation(tmp_path):
         assert "our choice" in BEPOConfig.__dataclass_fields__[name].metadata["help"].lower()
 
 
-@pytest.fixture
-def bepo_registered(monkeypatch):
-    from trl_agents.trainers import METHODS
-
-    return METHODS["bepo"]  # registered by BEPOTrainer's own declaration
-
-
-@pytest.mark.parametrize("name", ["bepo_alfworld.yaml", "bepo_sokoban_tiny.yaml"])
-def test_yaml_configs_parse(name, bepo_registered):
-    from trl import ModelConfig, TrlParser
-
-    from trl_agents.run import RunArguments
-    from trl_agents.trainers import get_method
-
-    path = os.path.join(CONFIGS, name)
-    with open(path) as handle:
-        assert yaml.safe_load(handle)["method"] == "bepo"
-    method = get_method("bepo")
-    run, config, model = TrlParser((RunArguments, method.config_class, ModelConfig)).parse_args_and_config(
-        ["--config", path]
-    )
-    assert isinstance(config, BEPOConfig) and config.env_name and (run.tiny_model or model.model_name_or_path)
-    assert "state_key" in get_env_class(config.env_name).capabilities()
-
-
-@register_env
-class NoStateKeyEnv(AgentEnv):
-    """An env without `state_key`: Gated-BEPO cannot build its graph on it."""
-
-    name = "test-bepo-no-state-key"
-    instructions = "Say anything."
-    task_keys = ("seed",)
-
-    def reset(self, task):
-        return "start"
-
-    def step(self, action_text):
-        return "end", 0.0, True, {"valid": True, "success": False}
-
-
-def test_start_up_capability_error(tiny_model, tokenizer, tmp_path):
-    config = BEPOConfig(output_dir=str(tmp_path), report_to="none", num_generations=2, per_device_train_batch_size=2,
-                        max_steps=1)
-    with pytest.raises(ValueError, match="'test-bepo-no-state-key' .* lacks state_key"):
-        BEPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "test-bepo-no-state-key", "seed": 0}],
-                    processing_class=tokenizer)
-
-
-# A 3x3 FrozenLake map and 4 scripted episodes of exactly 4 turns (none ends early, so the row index of every
-# generation call is the episode): two successes, a truncated detour, and a truncated run that starts invalid.
-#   P F H     E0: down right down right   (0,0) (1,0) (1,1) (2,1) -> goal
-#   F F F     E1: right down right down   (0,0) (0,1) (1,1) (1,2) -> goal
-#   H F G     E2: down right right left   (0,0) (1,0) (1,1) (1,2) -> time-out (z-)
-#             E3: jump down right up      (0,0) (0,0) (1,0) (1,1) -> time-out (z-)
-LAYOUT = "SFH\nFFF\nHFG"
-PLANS = [["down", "right", "down", "right"], ["right", "down", "right", "down"],
-         ["down", "right", "right", "left"], ["jump", "down", "right", "up"]]
-
-
 @pytest.mark.slow
 def test_two_training_steps_on_frozenlake(tiny_model, tokenizer, scripted, tmp_path):
-    generator = scripted(lambda prompt, call, row, size: PLANS[row][call % 4])
-    config = tiny_training_config(BEPOConfig, tmp_path / "out", env_name="frozenlake", per_device_train_batch_size=4,
-                                  max_turns=4, row_format="step")
-    trainer = BEPOTrainer(model=tiny_model, args=config, train_dataset=[{"env": "frozenlake", "layout": LAYOUT}],
-                          processing_class=tokenizer, generator=generator)
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    trainer.train()
-    assert trainer.state.global_step == 2
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
-    assert changed, "no parameter moved"
-    logs = [h for h in trainer.state.log_history if "bepo/gated_row_fraction" in h]
-    assert len(logs) == 2
+    # The scripted episodes of helpers.FROZENLAKE_PLANS (two successes, a detour, a run that starts invalid).
+    trainer, logs = two_scripted_frozenlake_steps(BEPOTrainer, BEPOConfig, tiny_model, tokenizer, scripted, tmp_path / "out",
+                                                  "bepo/gated_row_fraction")
     for log in logs:
-        assert log["env/success_rate"] == 0.5 and log["env/episode_length"] == 4.0
         # Nodes (0,0) (1,0) (0,1) (1,1) (2,1) (1,2). Gated: (0,0) -> {(1,0), (0,1), (0,0)}: 5 rows;
         # (1,1) -> {(2,1), (1,2), z-}: 4 rows; (1,2) -> {z+, z-}: 2 rows. 11 of 16 rows.
         assert log["bepo/num_states"] == 6.0
@@ -463,11 +390,11 @@ def test_a_tiny_bellman_std_does_not_blow_the_advantage_up():
     assert_close(credit.advantages, [[0.1576, -0.3794, -0.8495, -0.3872]])
     # The bare std over the two gated rows: σ_B = |−0.3794 − (−0.3872)|/√2 = 0.0055, and with w = min(1, 2/4) = 0.5
     # the Bellman term is 0.5 · (−0.3794)/0.0055 = −34.28 (A^GRPO = 0 for a group of one): the reported blow-up.
-    raw, stats = bepo_advantages_with_stats(group, invalid_penalty=0.0, std_floor=0.0)
+    raw, stats = group_credit_and_stats("bepo", group, invalid_action_penalty=0.0, bellman_std_floor=0.0)
     assert stats["bellman_std"] == pytest.approx(0.005533, abs=1e-5)
     assert_close(raw, [[0.0, -34.2799, 0.0, -34.9869]])
     # The default floor σ_min = 1 > σ_B: the term is 0.5 · (−0.3794)/(1 + 1e-6) = −0.1897: never amplified.
-    floored = bepo_advantages(group, invalid_penalty=0.0)
+    floored = group_credit("bepo", group, invalid_action_penalty=0.0)
     assert_close(floored, [[0.0, -0.1897, 0.0, -0.1936]])
     # The trainer's default, the batch std (here over this group and a second one with spread-out credit):
     # σ_B of the four gated rows is above the floor, so the batch's spread sets the scale.
@@ -475,12 +402,12 @@ def test_a_tiny_bellman_std_does_not_blow_the_advantage_up():
                                         Step("t1", "a", reward=0.0, state_key="t1", done=True)], success=True),
                         Trajectory({}, [Step("t0", "b", reward=-5.0, state_key="t0"),
                                         Step("t2", "a", reward=0.0, state_key="t2", done=True)], success=False)])
-    batch, batch_stats = bepo_batch_advantages([group, spread], bellman_norm="batch_std", invalid_penalty=0.0)
+    batch, batch_stats = bepo_advantages([group, spread], BEPOParams(bellman_norm="batch_std", invalid_action_penalty=0.0))
     values = [v for part in (group, spread) for v, g in zip(chain.from_iterable(bellman_credit(part).advantages),
                                                               chain.from_iterable(bellman_credit(part).gated))
               if g]
     sigma = float(np.std(values, ddof=1))
-    assert sigma > 1 and batch_stats[0]["bellman_std"] == pytest.approx(sigma)
+    assert sigma > 1 and stat_means(batch_stats)["bellman_std"] == pytest.approx(sigma)
     assert_close(batch[0], [[0.0, 0.5 * -0.3794 / sigma, 0.0, 0.5 * -0.3872 / sigma]])
     for advantages in (floored, *batch):
         assert all_finite(advantages) and max(abs(v) for row in advantages for v in row) < 5

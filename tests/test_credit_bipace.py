@@ -18,9 +18,10 @@ from datasets import Dataset
 from helpers import all_finite, assert_close, group_of
 
 from trl_agents.credit import bipace as credit_bipace
+from trl_agents.credit import stat_means
 from trl_agents.credit.bipace import (
+    BiPACEParams,
     bipace_advantages,
-    bipace_advantages_with_stats,
     greedy_cosine_clusters,
     pace_step_advantages,
     step_action_key,
@@ -31,6 +32,18 @@ from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import bipace as trainer_bipace
 from trl_agents.trainers.bipace import BiPACEConfig, BiPACETrainer
 from trl_agents.trajectory import Group, Step, Trajectory
+
+
+def bipace_with_stats(group, hidden_states=None, **params):
+    """BiPACE on one group (`hidden_states`: its step vectors, None for exact state keys): (advantages, stat values)."""
+    (advantages,), stats = bipace_advantages([group], BiPACEParams(hidden_states=[hidden_states], **params))
+    return advantages, stat_means(stats)
+
+
+def bipace(group, hidden_states=None, **params):
+    """BiPACE's advantages of one group (see `bipace_with_stats`)."""
+    return bipace_with_stats(group, hidden_states, **params)[0]
+
 
 TOL = 1e-4
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -78,12 +91,12 @@ def case_3d() -> Group:
 
 def test_hand_case_clusters():
     assert greedy_cosine_clusters(HIDDEN_3D, 0.05) == [0, 1, 0, 1, 0, 2]
-    _, stats = bipace_advantages_with_stats(case_3d(), hidden_states=HIDDEN_3D, epsilon=0.05, gamma=0.5)
+    _, stats = bipace_with_stats(case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=0.05, gamma=0.5)
     # 6 rows / 3 clusters; c2 is a singleton; only c0 has two different actions (c1: "up" twice).
     assert stats["num_clusters"] == 3
     assert stats["mean_cluster_size"] == pytest.approx(2.0)
-    assert stats["singleton_fraction"] == pytest.approx(1 / 3)
-    assert stats["mixed_action_fraction"] == pytest.approx(1 / 3)
+    assert stats["singleton_cluster_fraction"] == pytest.approx(1 / 3)
+    assert stats["mixed_action_cluster_fraction"] == pytest.approx(1 / 3)
 
 
 def test_hand_case_q_style():
@@ -92,7 +105,7 @@ def test_hand_case_q_style():
     # c1: A1, B1 both "up" -> Q = V -> 0.   c2: singleton -> 0.
     # A: [0.66667 + 0.08333, 0.66667] = [0.75, 0.66667];  B: [-0.33333 - 0.16667, -0.33333] = [-0.5, -0.33333];
     # C: [-0.33333 + 0.08333, -0.33333] = [-0.25, -0.33333]
-    advantages = bipace_advantages(case_3d(), hidden_states=HIDDEN_3D, epsilon=0.05, gamma=0.5)
+    advantages = bipace(case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=0.05, gamma=0.5)
     assert_close(advantages, [[0.75, 0.66667], [-0.5, -0.33333], [-0.25, -0.33333]])
 
 
@@ -101,7 +114,7 @@ def test_hand_case_diff_peer():
     # c1, c2: no peer took another action -> 0.
     # A: [0.66667 + 0.5, 0.66667] = [1.16667, 0.66667];  B: [-0.33333 - 0.25, -0.33333] = [-0.58333, -0.33333];
     # C: [-0.33333, -0.33333]
-    advantages = bipace_advantages(case_3d(), hidden_states=HIDDEN_3D, epsilon=0.05, gamma=0.5, estimator="diff_peer")
+    advantages = bipace(case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=0.05, gamma=0.5, pace_estimator="diff_peer")
     assert_close(advantages, [[1.16667, 0.66667], [-0.58333, -0.33333], [-0.33333, -0.33333]])
 
 
@@ -110,8 +123,8 @@ def test_hand_case_mean_std_norm_episode_and_omega():
     #   -> A: 0.66667 / 0.516398 = 1.290994,  B, C: -0.33333 / 0.516398 = -0.645497 (Â^S is not std-normalised).
     # w = 2: A: [1.290994 + 2 * 0.08333, 1.290994] = [1.45766, 1.29099];  B: [-0.645497 - 0.33333, -0.645497];
     #        C: [-0.645497 + 0.16667, -0.645497]
-    advantages = bipace_advantages(
-        case_3d(), hidden_states=HIDDEN_3D, epsilon=0.05, gamma=0.5, omega=2.0, episode_mode="mean_std_norm"
+    advantages = bipace(
+        case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=0.05, gamma=0.5, step_advantage_w=2.0, episode_mode="mean_std_norm"
     )
     assert_close(advantages, [[1.45766, 1.29099], [-0.97883, -0.64550], [-0.47883, -0.64550]])
 
@@ -120,12 +133,12 @@ def test_hand_case_epsilon_zero_and_large():
     # ε = 0: only identical directions share a cluster: {A0, C0} (both (1,0,0), both "left") -> every Â^S = 0 and
     # A = A^ep: A: +0.66667, B, C: -0.33333.
     assert greedy_cosine_clusters(HIDDEN_3D, 0.0) == [0, 1, 2, 3, 0, 4]
-    advantages = bipace_advantages(case_3d(), hidden_states=HIDDEN_3D, epsilon=0.0, gamma=0.5)
+    advantages = bipace(case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=0.0, gamma=0.5)
     assert_close(advantages, [[0.66667, 0.66667], [-0.33333, -0.33333], [-0.33333, -0.33333]])
     # ε = 2: one cluster of all six rows. V = (0.5 + 1)/6 = 0.25; Q(left) = (0.5 + 0)/2 = 0.25 -> 0;
     # Q(up) = (1 + 0)/2 = 0.5 -> +0.25; Q(right) = 0 -> -0.25; Q(down) = 0 -> -0.25.
     # A: [0.66667, 0.91667];  B: [-0.58333, -0.08333];  C: [-0.33333, -0.58333]
-    advantages = bipace_advantages(case_3d(), hidden_states=HIDDEN_3D, epsilon=2.0, gamma=0.5)
+    advantages = bipace(case_3d(), hidden_states=HIDDEN_3D, cluster_epsilon=2.0, gamma=0.5)
     assert_close(advantages, [[0.66667, 0.91667], [-0.58333, -0.08333], [-0.33333, -0.58333]])
 
 
@@ -153,11 +166,11 @@ def toy_group() -> Group:
 
 def test_toy_group_with_state_keys_is_the_identity_embedder():
     # hidden_states=None clusters by exact state (ε = 0, one-hot identity embedder) ...
-    assert_close(bipace_advantages(toy_group(), gamma=0.5), TOY_EXPECTED)
+    assert_close(bipace(toy_group(), gamma=0.5), TOY_EXPECTED)
     # ... and one-hot vectors with any ε < 1 give the same clusters.
     one_hot = {"s0": [1, 0, 0], "s1": [0, 1, 0], "s2": [0, 0, 1]}
     hidden = [one_hot[s.observation] for t in toy_group().trajectories for s in t.steps]
-    assert_close(bipace_advantages(toy_group(), hidden_states=hidden, epsilon=0.5, gamma=0.5), TOY_EXPECTED)
+    assert_close(bipace(toy_group(), hidden_states=hidden, cluster_epsilon=0.5, gamma=0.5), TOY_EXPECTED)
 
 
 def test_toy_group_invalid_penalty():
@@ -169,7 +182,7 @@ def test_toy_group_invalid_penalty():
     group = toy_group()
     group.trajectories[1].steps[1].valid = False
     assert_close(
-        bipace_advantages(group, gamma=0.5),
+        bipace(group, gamma=0.5),
         [[0.59583, 0.87917], [-0.40417, -1.32083], [-0.7375, -0.4875], [0.59583, 0.87917]],
     )
 
@@ -216,8 +229,8 @@ def test_pace_with_first_token_keys():
     first = Trajectory(task={}, steps=[Step("s", "<action>up</action>", action_ids=[5, 6], reward=1.0)])
     second = Trajectory(task={}, steps=[Step("s", "<action>up</action>", action_ids=[7, 6], reward=0.0)])
     group = group_of(first, second)
-    assert_close(bipace_advantages(group, hidden_states=[[1, 0], [1, 0]], action_key="first_tokens"), [[1.0], [-1.0]])
-    assert_close(bipace_advantages(group, hidden_states=[[1, 0], [1, 0]]), [[0.5], [-0.5]])
+    assert_close(bipace(group, hidden_states=[[1, 0], [1, 0]], action_key="first_tokens"), [[1.0], [-1.0]])
+    assert_close(bipace(group, hidden_states=[[1, 0], [1, 0]]), [[0.5], [-0.5]])
 
 
 def test_pace_step_advantages_directly():
@@ -230,7 +243,7 @@ def test_pace_step_advantages_directly():
 # ---------------------------------------------------------------- properties
 
 ESTIMATOR_CONFIGS = [
-    {"estimator": estimator, "episode_mode": mode, "statistic": statistic, "centroid": centroid}
+    {"pace_estimator": estimator, "episode_mode": mode, "episode_statistic": statistic, "centroid": centroid}
     for estimator in ("q_style", "diff_peer")
     for mode in ("mean_norm", "mean_std_norm")
     for statistic in ("step_rows", "trajectories")
@@ -269,8 +282,8 @@ def test_all_equal_rewards_give_zero(options, reward):
     # their own directions, so a cluster holds equal returns ρ -> Q̂ = V̂ -> Â^S = 0 (module docstring).
     group = group_of(*(episode(("s0", "up", 0), (f"s{i % 2 + 1}", ["up", "down"][i % 2], reward)) for i in range(4)))
     hidden = prototype_vectors(group, random.Random(1))
-    assert bipace_advantages(group, hidden_states=hidden, epsilon=0.05, **options) == [[0.0, 0.0]] * 4
-    assert bipace_advantages(group, **options) == [[0.0, 0.0]] * 4  # exact state keys
+    assert bipace(group, hidden_states=hidden, cluster_epsilon=0.05, **options) == [[0.0, 0.0]] * 4
+    assert bipace(group, **options) == [[0.0, 0.0]] * 4  # exact state keys
 
 
 @pytest.mark.parametrize("options", ESTIMATOR_CONFIGS)
@@ -281,7 +294,7 @@ def test_all_zero_rewards_give_zero_whatever_the_clusters(options):
     rows = sum(t.num_steps for t in group.trajectories)
     for epsilon in (0.0, 0.5, 2.0):
         hidden = [[rng.gauss(0, 1) for _ in range(5)] for _ in range(rows)]
-        advantages = bipace_advantages(group, hidden_states=hidden, epsilon=epsilon, **options)
+        advantages = bipace(group, hidden_states=hidden, cluster_epsilon=epsilon, **options)
         assert advantages == [[0.0] * t.num_steps for t in group.trajectories]
 
 
@@ -295,38 +308,38 @@ def test_permuting_trajectories_permutes_advantages(options):
         rows_of.append(hidden[offset : offset + traj.num_steps])
         offset += traj.num_steps
     order = [3, 0, 5, 1, 4, 2]
-    advantages = bipace_advantages(group, hidden_states=hidden, epsilon=0.05, **options)
+    advantages = bipace(group, hidden_states=hidden, cluster_epsilon=0.05, **options)
     permuted_group = group_of(*(group.trajectories[i] for i in order))
     permuted_hidden = [row for i in order for row in rows_of[i]]
-    permuted = bipace_advantages(permuted_group, hidden_states=permuted_hidden, epsilon=0.05, **options)
+    permuted = bipace(permuted_group, hidden_states=permuted_hidden, cluster_epsilon=0.05, **options)
     assert_close(permuted, [advantages[i] for i in order], tol=1e-12)
 
 
 @pytest.mark.parametrize("options", ESTIMATOR_CONFIGS)
 def test_edge_groups_are_finite(options):
     # Empty group, zero-step trajectory, singleton group, length-1 trajectories, all-invalid actions, zero vectors.
-    assert bipace_advantages(group_of(), hidden_states=[], **options) == []
-    assert bipace_advantages(group_of(), **options) == []
-    assert bipace_advantages(group_of(Trajectory(task={})), hidden_states=[], **options) == [[]]
-    mixed = bipace_advantages(
+    assert bipace(group_of(), hidden_states=[], **options) == []
+    assert bipace(group_of(), **options) == []
+    assert bipace(group_of(Trajectory(task={})), hidden_states=[], **options) == [[]]
+    mixed = bipace(
         group_of(Trajectory(task={}), episode(("s0", "up", 0), ("s1", "up", 1))), hidden_states=[[1, 0], [0, 1]],
         **options,
     )
     assert [len(row) for row in mixed] == [0, 2] and all_finite(mixed)
-    singleton = bipace_advantages(group_of(episode(("s0", "up", 1))), hidden_states=[[1.0, 2.0]], **options)
+    singleton = bipace(group_of(episode(("s0", "up", 1))), hidden_states=[[1.0, 2.0]], **options)
     assert all_finite(singleton) and len(singleton) == 1
     length_one = group_of(*(episode(("s0", a, r)) for a, r in [("up", 1), ("down", 0), ("up", 0)]))
-    assert all_finite(bipace_advantages(length_one, hidden_states=[[1, 0]] * 3, **options))
+    assert all_finite(bipace(length_one, hidden_states=[[1, 0]] * 3, **options))
     invalid = group_of(*(episode(("s0", "fly", 0, False), ("s1", "swim", 0, False)) for _ in range(3)))
-    advantages = bipace_advantages(invalid, hidden_states=[[1, 0], [0, 1]] * 3, **options)
+    advantages = bipace(invalid, hidden_states=[[1, 0], [0, 1]] * 3, **options)
     assert all_finite(advantages)
-    zeros = bipace_advantages(length_one, hidden_states=[[0, 0]] * 3, **options)
+    zeros = bipace(length_one, hidden_states=[[0, 0]] * 3, **options)
     assert all_finite(zeros)
 
 
 def test_singleton_group_follows_gigpo():
     # One step row in the group: A^ep gets μ = 0, σ = 1 (verl-agent), so A = R; a singleton cluster: Â^S = 0.
-    assert bipace_advantages(group_of(episode(("s0", "up", 3))), hidden_states=[[1, 0]]) == [[3.0]]
+    assert bipace(group_of(episode(("s0", "up", 3))), hidden_states=[[1, 0]]) == [[3.0]]
 
 
 def test_random_groups_are_finite():
@@ -336,7 +349,7 @@ def test_random_groups_are_finite():
         rows = sum(t.num_steps for t in group.trajectories)
         hidden = [[rng.gauss(0, 1) for _ in range(6)] for _ in range(rows)]
         for options in ESTIMATOR_CONFIGS[::3]:
-            assert all_finite(bipace_advantages(group, hidden_states=hidden, epsilon=rng.uniform(0, 1), **options))
+            assert all_finite(bipace(group, hidden_states=hidden, cluster_epsilon=rng.uniform(0, 1), **options))
 
 
 def test_numpy_and_torch_gram_agree():
@@ -351,43 +364,43 @@ def test_accelerator_tensor_path(monkeypatch):
     # Tensors on an accelerator are checked and multiplied where they live; run that branch on CPU tensors.
     monkeypatch.setattr(credit_bipace, "_is_host_tensor", lambda tensor: False)
     hidden = torch.tensor(HIDDEN_3D, dtype=torch.float32)
-    advantages = bipace_advantages(case_3d(), hidden_states=hidden, epsilon=0.05, gamma=0.5)
+    advantages = bipace(case_3d(), hidden_states=hidden, cluster_epsilon=0.05, gamma=0.5)
     assert_close(advantages, [[0.75, 0.66667], [-0.5, -0.33333], [-0.25, -0.33333]])
     assert unit_gram(hidden) == pytest.approx(unit_gram(HIDDEN_3D), abs=1e-7)
     with pytest.raises(ValueError, match="NaN"):
-        bipace_advantages(case_3d(), hidden_states=torch.full((6, 3), float("nan")))
+        bipace(case_3d(), hidden_states=torch.full((6, 3), float("nan")))
     with pytest.raises(ValueError, match="one vector per step"):
-        bipace_advantages(case_3d(), hidden_states=hidden[:4])
-    assert bipace_advantages(group_of(), hidden_states=torch.zeros((0, 0))) == []
+        bipace(case_3d(), hidden_states=hidden[:4])
+    assert bipace(group_of(), hidden_states=torch.zeros((0, 0))) == []
 
 
 def test_torch_and_bfloat16_hidden_states_are_accepted():
     hidden = torch.tensor(HIDDEN_3D, dtype=torch.bfloat16)
-    advantages = bipace_advantages(case_3d(), hidden_states=hidden, epsilon=0.05, gamma=0.5)
+    advantages = bipace(case_3d(), hidden_states=hidden, cluster_epsilon=0.05, gamma=0.5)
     assert_close(advantages, [[0.75, 0.66667], [-0.5, -0.33333], [-0.25, -0.33333]])
 
 
 def test_bad_arguments_are_rejected():
     group = case_3d()
     with pytest.raises(ValueError, match="estimator"):
-        bipace_advantages(group, hidden_states=HIDDEN_3D, estimator="v_style")
+        bipace(group, hidden_states=HIDDEN_3D, pace_estimator="v_style")
     with pytest.raises(ValueError, match="action_key"):
-        bipace_advantages(group, hidden_states=HIDDEN_3D, action_key="verb")
+        bipace(group, hidden_states=HIDDEN_3D, action_key="verb")
     with pytest.raises(ValueError, match="centroid"):
-        bipace_advantages(group, hidden_states=HIDDEN_3D, centroid="median")
+        bipace(group, hidden_states=HIDDEN_3D, centroid="median")
     with pytest.raises(ValueError, match="episode_mode"):
-        bipace_advantages(group, hidden_states=HIDDEN_3D, episode_mode="std")
+        bipace(group, hidden_states=HIDDEN_3D, episode_mode="std")
     for epsilon in (-0.1, 2.5, float("nan")):
         with pytest.raises(ValueError, match="epsilon"):
-            bipace_advantages(group, hidden_states=HIDDEN_3D, epsilon=epsilon)
+            bipace(group, hidden_states=HIDDEN_3D, cluster_epsilon=epsilon)
     with pytest.raises(ValueError, match="one vector per step"):
-        bipace_advantages(group, hidden_states=HIDDEN_3D[:5])
+        bipace(group, hidden_states=HIDDEN_3D[:5])
     with pytest.raises(ValueError, match="one vector per step"):
-        bipace_advantages(group, hidden_states=[1.0] * 6)
+        bipace(group, hidden_states=[1.0] * 6)
     with pytest.raises(ValueError, match="NaN"):
-        bipace_advantages(group, hidden_states=[[float("nan"), 0, 0]] + HIDDEN_3D[1:])
+        bipace(group, hidden_states=[[float("nan"), 0, 0]] + HIDDEN_3D[1:])
     with pytest.raises(ValueError, match="non-finite"):
-        bipace_advantages(group_of(episode(("s", "up", float("inf")))), hidden_states=[[1, 0]])
+        bipace(group_of(episode(("s", "up", float("inf")))), hidden_states=[[1, 0]])
 
 
 @pytest.mark.parametrize("module", [credit_bipace, trainer_bipace])

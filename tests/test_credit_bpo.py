@@ -12,18 +12,16 @@ import doctest
 import random
 
 import pytest
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_credit_and_stats, group_of
 
 from trl_agents.credit import bpo as credit_bpo
 from trl_agents.credit import get_estimator
 from trl_agents.credit.bpo import (
     SiblingSet,
     bpo_advantages,
-    bpo_advantages_with_stats,
     leave_one_out,
     sibling_sets,
 )
-from trl_agents.credit.rloo import rloo_advantages
 from trl_agents.trajectory import Group, Step, Trajectory
 
 
@@ -80,7 +78,7 @@ SPEC_EXPECTED = [
 def test_spec_case_sibling_leave_one_out():
     group = spec_tree()
     assert sibling_sets(group) == [SiblingSet(parent_id=0, fork_step=2, members=(0, 1, 2, 3))]
-    assert_close(bpo_advantages(group), SPEC_EXPECTED)
+    assert_close(group_credit("bpo", group), SPEC_EXPECTED)
 
 
 def test_zero_sum_caveat_shared_prefix_sums_to_zero():
@@ -88,7 +86,7 @@ def test_zero_sum_caveat_shared_prefix_sums_to_zero():
     # = 0 from prefix propagation, for any λ: it is not computed, and no field sets λ. Each branch step is on one path
     # only and keeps its A_i.
     group = spec_tree()
-    totals = summed(group, bpo_advantages(group))
+    totals = summed(group, group_credit("bpo", group))
     backbone = group.trajectories[0]
     assert totals[id(backbone.steps[0])] == 0.0 and totals[id(backbone.steps[1])] == 0.0
     branch_steps = [traj.steps[2] for traj in group.trajectories]
@@ -125,7 +123,7 @@ def test_backbone_with_two_branch_points_adds_up():
         [0.0, 0.0, 0.0, -1.0],
         [0.0, 0.0, 0.0, 0.5],
     ]
-    assert_close(bpo_advantages(group), expected)
+    assert_close(group_credit("bpo", group), expected)
 
 
 def test_two_branch_points_sum_rule():
@@ -135,7 +133,7 @@ def test_two_branch_points_sum_rule():
     # (The same totals as with the paper's prefix propagation at λ = 0.5, whose per-path values cancel:
     # s1: 1.125 − 0.25 + 0.125 = 1.0.)
     group = two_branch_tree()
-    totals = summed(group, bpo_advantages(group))
+    totals = summed(group, group_credit("bpo", group))
     s0, s1, s2, s3 = group.trajectories[0].steps
     assert totals[id(s0)] == 0.0
     assert totals[id(s1)] == pytest.approx(1.0)
@@ -164,7 +162,7 @@ def test_nested_fork():
         SiblingSet(parent_id=0, fork_step=1, members=(0, 1)),
         SiblingSet(parent_id=1, fork_step=2, members=(1, 2)),
     ]
-    advantages = bpo_advantages(group)
+    advantages = group_credit("bpo", group)
     assert_close(advantages, [[0.0, -1.0, -1.0], [0.0, 1.0, 2.0], [0.0, 0.0, -1.0]])
     # Sum rule: s0 (3 paths): 0;  a1 (paths 1, 2): 1 + 0 = 1.0 (A1 of set (0, 1)).
     totals = summed(group, advantages)
@@ -185,13 +183,13 @@ def two_backbones() -> Group:
 
 
 def test_backbone_term_among_roots():
-    assert_close(bpo_advantages(two_backbones()), [[1.0, 2.0], [-1.0, -1.0], [0.0, -1.0]])
+    assert_close(group_credit("bpo", two_backbones()), [[1.0, 2.0], [-1.0, -1.0], [0.0, -1.0]])
     # ω_B = 0.5 halves the backbone term only: root 0 [0.5, 1 + 0.5], root 1 [−0.5, −0.5].
-    advantages = bpo_advantages(two_backbones(), backbone_weight=0.5)
+    advantages = group_credit("bpo", two_backbones(), bpo_backbone_weight=0.5)
     assert_close(advantages, [[0.5, 1.5], [-0.5, -0.5], [0.0, -1.0]])
     # Sum rule at root 0's s0 (paths 0, 2): 1 + 0 = 1.0 = A^B: the backbone comparison reaches the prefix.
     group = two_backbones()
-    totals = summed(group, bpo_advantages(group))
+    totals = summed(group, group_credit("bpo", group))
     assert totals[id(group.trajectories[0].steps[0])] == pytest.approx(1.0)
 
 
@@ -199,17 +197,17 @@ def test_independent_group_reduces_to_the_backbone_term():
     # No branch: every episode is a root, no sibling set. BPO = ω_B x RLOO:
     # R = [1, 0, 0, 1] -> 1 − (0 + 0 + 1)/3 = +0.6667, 0 − (1 + 0 + 1)/3 = −0.6667, on every step.
     group = group_of(*(root(0, step("s0"), step("s1", r)) for r in (1, 0, 0, 1)))  # ids all 0: not a tree
-    advantages, stats = bpo_advantages_with_stats(group)
+    advantages, stats = group_credit_and_stats("bpo", group)
     assert_close(advantages, [[0.6667, 0.6667], [-0.6667, -0.6667], [-0.6667, -0.6667], [0.6667, 0.6667]])
-    assert advantages == rloo_advantages(group, invalid_penalty=0.0)
+    assert advantages == group_credit("rloo", group, invalid_action_penalty=0.0)
     assert stats["num_sibling_sets"] == 0 and stats["num_backbones"] == 4 and stats["num_branches"] == 0
     # ω_B = 0.5: ±0.3333;  ω_B = 0: nothing left.
-    assert_close(bpo_advantages(group, backbone_weight=0.5), [[0.3333] * 2, [-0.3333] * 2, [-0.3333] * 2, [0.3333] * 2])
-    assert bpo_advantages(group, backbone_weight=0.0) == [[0.0, 0.0]] * 4
+    assert_close(group_credit("bpo", group, bpo_backbone_weight=0.5), [[0.3333] * 2, [-0.3333] * 2, [-0.3333] * 2, [0.3333] * 2])
+    assert group_credit("bpo", group, bpo_backbone_weight=0.0) == [[0.0, 0.0]] * 4
     # With the penalty it is RLOO's broadcast exactly: R = [1, 0] -> ±1, then −0.1 on B's invalid step.
     penalised = group_of(root(0, step("s0"), step("s1", 1)), root(1, step("s0"), step("s1", 0, valid=False)))
-    assert_close(bpo_advantages(penalised, invalid_penalty=0.1), [[1.0, 1.0], [-1.0, -1.1]])
-    assert bpo_advantages(penalised, invalid_penalty=0.1) == rloo_advantages(penalised, invalid_penalty=0.1)
+    assert_close(group_credit("bpo", penalised, invalid_action_penalty=0.1), [[1.0, 1.0], [-1.0, -1.1]])
+    assert group_credit("bpo", penalised, invalid_action_penalty=0.1) == group_credit("rloo", penalised, invalid_action_penalty=0.1)
 
 
 # ---------------------------------------------------------------- invalid-action penalty, charged once
@@ -220,7 +218,7 @@ def test_invalid_penalty_counted_once_by_the_owner():
     backbone = root(0, step("s0", valid=False), step("s1"), step("s2", 1))
     children = [fork(backbone, i, 2, step(f"s2'{i}", r, valid=i != 1)) for i, r in ((1, 0), (2, 0), (3, 1))]
     group = group_of(backbone, *children)
-    advantages = bpo_advantages(group, invalid_penalty=0.1)
+    advantages = group_credit("bpo", group, invalid_action_penalty=0.1)
     # s0 is owned by the backbone: only path 0 subtracts 0.1 (0 − 0.1 = −0.1); the children's copies do not.
     # Child 1's own s2'1: −0.6667 − 0.1 = −0.7667.
     expected = [row[:] for row in SPEC_EXPECTED]
@@ -241,13 +239,13 @@ def test_all_equal_returns_give_zero(reward):
     group = group_of(
         backbone, other, fork(backbone, 2, 1, step("x1", reward)), fork(backbone, 3, 2, step("y2", reward))
     )
-    advantages, stats = bpo_advantages_with_stats(group)
+    advantages, stats = group_credit_and_stats("bpo", group)
     assert advantages == [[0.0, 0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0, 0.0]]
     assert stats["zero_advantage_set_fraction"] == 1.0
 
 
 def test_stats():
-    _, stats = bpo_advantages_with_stats(two_branch_tree())
+    _, stats = group_credit_and_stats("bpo", two_branch_tree())
     # Sets (b=1, K=2) and (b=3, K=3): mean K 2.5, mean b 2; |A| over 5 memberships: (1 + 1 + 0.5 + 1 + 0.5)/5 = 0.8
     assert stats == {
         "num_sibling_sets": 2,
@@ -258,7 +256,7 @@ def test_stats():
         "num_backbones": 1,
         "num_branches": 3,
     }
-    assert bpo_advantages_with_stats(group_of()) == (
+    assert group_credit_and_stats("bpo", group_of()) == (
         [],
         {
             "num_sibling_sets": 0,
@@ -273,19 +271,19 @@ def test_stats():
 
 
 def test_edge_groups_are_finite():
-    assert bpo_advantages(group_of()) == []
+    assert group_credit("bpo", group_of()) == []
     # Singleton: one backbone, nothing to compare with.
-    assert bpo_advantages(group_of(root(0, step("s0"), step("s1", 1)))) == [[0.0, 0.0]]
+    assert group_credit("bpo", group_of(root(0, step("s0"), step("s1", 1)))) == [[0.0, 0.0]]
     # Zero-step trajectories.
-    assert bpo_advantages(group_of(Trajectory(task={}))) == [[]]
+    assert group_credit("bpo", group_of(Trajectory(task={}))) == [[]]
     # Length-1 paths: a child forked at step 0 shares nothing: ±1 on the single step (1 − 0, 0 − 1).
     one = root(0, step("s0", 1))
-    assert bpo_advantages(group_of(one, fork(one, 1, 0, step("s0'", 0)))) == [[1.0], [-1.0]]
+    assert group_credit("bpo", group_of(one, fork(one, 1, 0, step("s0'", 0)))) == [[1.0], [-1.0]]
     # All steps invalid, on a tree: finite, and each owner pays 0.1 once on its own steps.
     backbone = root(0, step("s0", valid=False), step("s1", 1, valid=False))
     group = group_of(backbone, fork(backbone, 1, 1, step("x1", 0, valid=False)))
     # Set (0, 1): ±1 from step 1. Path 0: [0 − 0.1, 1 − 0.1]; path 1: [0 (not owned), −1 − 0.1].
-    advantages = bpo_advantages(group, invalid_penalty=0.1)
+    advantages = group_credit("bpo", group, invalid_action_penalty=0.1)
     assert all_finite(advantages)
     assert_close(advantages, [[-0.1, 0.9], [0.0, -1.1]])
 
@@ -296,10 +294,10 @@ def test_parent_missing_from_the_group():
     kids = [fork(backbone, 1, 1, step("x1", 1)), fork(backbone, 2, 1, step("y1", 0))]
     group = group_of(*kids)
     assert sibling_sets(group) == [SiblingSet(parent_id=0, fork_step=1, members=(1, 2))]
-    assert_close(bpo_advantages(group), [[0.0, 1.0], [0.0, -1.0]])  # ±1 from the branch point on
+    assert_close(group_credit("bpo", group), [[0.0, 1.0], [0.0, -1.0]])  # ±1 from the branch point on
     # One child alone is no set: nothing but its penalty.
     assert sibling_sets(group_of(kids[0])) == []
-    assert bpo_advantages(group_of(kids[0])) == [[0.0, 0.0]]
+    assert group_credit("bpo", group_of(kids[0])) == [[0.0, 0.0]]
 
 
 def random_tree(rng: random.Random) -> list[Trajectory]:
@@ -322,12 +320,12 @@ def random_tree(rng: random.Random) -> list[Trajectory]:
 def test_permuting_episodes_does_not_change_any_path(seed):
     rng = random.Random(seed)
     trajectories = random_tree(rng)
-    options = {"invalid_penalty": 0.1}
-    reference = dict(zip((t.episode_id for t in trajectories), bpo_advantages(group_of(*trajectories), **options)))
+    options = {"invalid_action_penalty": 0.1}
+    reference = dict(zip((t.episode_id for t in trajectories), group_credit("bpo", group_of(*trajectories), **options)))
     order = list(range(len(trajectories)))
     rng.shuffle(order)
     shuffled = [trajectories[i] for i in order]
-    permuted = dict(zip((t.episode_id for t in shuffled), bpo_advantages(group_of(*shuffled), **options)))
+    permuted = dict(zip((t.episode_id for t in shuffled), group_credit("bpo", group_of(*shuffled), **options)))
     assert permuted == reference  # exactly: sets and roots are visited by episode id
     assert all_finite(list(reference.values()))
 
@@ -341,32 +339,32 @@ def test_leave_one_out():
 def test_bad_inputs_are_rejected():
     group = spec_tree()
     with pytest.raises(TypeError, match="prefix_decay"):  # prefix propagation is not a knob (the zero-sum caveat)
-        bpo_advantages(group, prefix_decay=0.95)
+        group_credit("bpo", group, prefix_decay=0.95)
     for value in (-1.0, float("inf")):
         with pytest.raises(ValueError, match="backbone_weight"):
-            bpo_advantages(group, backbone_weight=value)
+            group_credit("bpo", group, bpo_backbone_weight=value)
     with pytest.raises(ValueError, match="invalid_penalty"):
-        bpo_advantages(group, invalid_penalty=float("nan"))
+        group_credit("bpo", group, invalid_action_penalty=float("nan"))
     nan_group = spec_tree()
     nan_group.trajectories[3].steps[2].reward = float("nan")
     with pytest.raises(ValueError, match="non-finite reward"):
-        bpo_advantages(nan_group)
+        group_credit("bpo", nan_group)
     duplicate = spec_tree()
     duplicate.trajectories[2].episode_id = 1
     with pytest.raises(ValueError, match="episode_id 1 appears twice"):
-        bpo_advantages(duplicate)
+        group_credit("bpo", duplicate)
     beyond = spec_tree()
     beyond.trajectories[1].fork_step = 5
     with pytest.raises(ValueError, match="fork_step"):
-        bpo_advantages(beyond)
+        group_credit("bpo", beyond)
     selfish = spec_tree()
     selfish.trajectories[1].parent_id = 1
     with pytest.raises(ValueError, match="parent_id"):
-        bpo_advantages(selfish)
+        group_credit("bpo", selfish)
 
 
 def test_registered_as_bpo():
-    assert get_estimator("bpo") is bpo_advantages
+    assert get_estimator("bpo").function is bpo_advantages
 
 
 def test_docstring_examples():

@@ -9,13 +9,12 @@ import doctest
 import math
 
 import pytest
-from helpers import assert_close, group_of
+from helpers import assert_close, group_credit, group_credit_and_stats, group_of
 
 from trl_agents.credit import canopy as credit_canopy
 from trl_agents.credit import get_estimator
-from trl_agents.credit.canopy import (
-    canopy_advantages,
-    canopy_advantages_with_stats,
+from trl_agents.credit.canopy import canopy_advantages
+from trl_agents.rollout.topologies.adaptive import (
     carries_signal,
     coverage_stats,
     first_order_group_size,
@@ -23,7 +22,6 @@ from trl_agents.credit.canopy import (
     needs_more_episodes,
     signal_probability,
 )
-from trl_agents.credit.grpo import grpo_advantages
 from trl_agents.trajectory import Step, Trajectory
 
 
@@ -196,51 +194,51 @@ def test_failed_episode_is_removed_not_scored_zero():
     group = group_of(episode(1), episode(0), episode(0, error="env step timed out"))
     # Ours, removed: z-scores over [1, 0]: mean 0.5, Bessel std sqrt((0.25 + 0.25)/1) = 0.7071068;
     #   ±0.5 / (0.7071068 + 1e-4) = ±0.7070068.  The failed episode gets 0 (not trained).
-    assert_close(canopy_advantages(group), [[0.7070068], [-0.7070068], [0.0]], tol=1e-7)
+    assert_close(group_credit("canopy", group), [[0.7070068], [-0.7070068], [0.0]], tol=1e-7)
     # Reference code, a reward-0 placeholder: over [1, 0, 0]: mean 1/3, deviations 2/3, −1/3, −1/3,
     #   std sqrt((4/9 + 1/9 + 1/9)/2) = sqrt(1/3) = 0.5773503;
     #   2/3 / (0.5773503 + 1e-4) = 1.1545006,  −1/3 / 0.5774503 = −0.5772503  (placeholder: no loss tokens -> 0).
-    assert_close(canopy_advantages(group, failed_episodes="zero"), [[1.1545006], [-0.5772503], [0.0]], tol=1e-7)
+    assert_close(group_credit("canopy", group, failed_episodes="zero"), [[1.1545006], [-0.5772503], [0.0]], tol=1e-7)
     # The placeholder pulls the baseline down: the success gets 1.1545 instead of 0.7070, the failure −0.5773
     # instead of −0.7070. "drop" equals GRPO on the healthy episodes exactly.
-    assert canopy_advantages(group)[:2] == grpo_advantages(group.healthy(), invalid_penalty=0.0)
+    assert group_credit("canopy", group)[:2] == group_credit("grpo", group.healthy(), invalid_action_penalty=0.0)
 
 
 def test_canopy_is_grpo_on_healthy_groups():
     group = group_of(episode(1, steps=2), episode(0, steps=3), episode(0), episode(1))
     # R = [1, 0, 0, 1]: mean 0.5, std sqrt(4 x 0.25 / 3) = 0.5773503 -> ±0.5 / 0.5774503 = ±0.8658754 on every step
     expected = [[0.8658754] * 2, [-0.8658754] * 3, [-0.8658754], [0.8658754]]
-    assert_close(canopy_advantages(group), expected, tol=1e-7)
-    assert canopy_advantages(group) == grpo_advantages(group, invalid_penalty=0.0)
-    assert canopy_advantages(group, failed_episodes="zero") == canopy_advantages(group)  # nothing failed
+    assert_close(group_credit("canopy", group), expected, tol=1e-7)
+    assert group_credit("canopy", group) == group_credit("grpo", group, invalid_action_penalty=0.0)
+    assert group_credit("canopy", group, failed_episodes="zero") == group_credit("canopy", group)  # nothing failed
 
 
 def test_failed_rows_keep_their_length_and_stats():
     group = group_of(episode(1), episode(0), episode(float("nan"), error="env crashed", steps=3))
-    advantages, stats = canopy_advantages_with_stats(group)
+    advantages, stats = group_credit_and_stats("canopy", group)
     assert [len(row) for row in advantages] == [1, 1, 3]
     assert advantages[2] == [0.0, 0.0, 0.0]
     assert stats == {"carries_signal": 1.0, "healthy_episodes": 2, "failed_episodes": 1}
-    _, stats = canopy_advantages_with_stats(group_of(episode(0), episode(0)))
+    _, stats = group_credit_and_stats("canopy", group_of(episode(0), episode(0)))
     assert stats["carries_signal"] == 0.0
-    assert canopy_advantages(group_of()) == []
-    assert canopy_advantages(group_of(episode(0, error="reset failed"))) == [[0.0]]
+    assert group_credit("canopy", group_of()) == []
+    assert group_credit("canopy", group_of(episode(0, error="reset failed"))) == [[0.0]]
 
 
 def test_canopy_penalty_and_bad_arguments():
     invalid = episode(0)
     invalid.steps[0].valid = False
     # R = [1, 0] -> ±0.7070068, then −0.1 on the invalid step (after normalisation, as GRPO).
-    assert_close(canopy_advantages(group_of(episode(1), invalid), invalid_penalty=0.1), [[0.7070068], [-0.8070068]])
+    assert_close(group_credit("canopy", group_of(episode(1), invalid), invalid_action_penalty=0.1), [[0.7070068], [-0.8070068]])
     with pytest.raises(ValueError, match="failed_episodes must be one of 'drop', 'zero'"):
-        canopy_advantages(group_of(episode(1)), failed_episodes="skip")
+        group_credit("canopy", group_of(episode(1)), failed_episodes="skip")
     with pytest.raises(ValueError, match="eps"):
-        canopy_advantages(group_of(episode(1)), eps=0.0)
-    assert math.isfinite(canopy_advantages(group_of(episode(3)))[0][0])
+        group_credit("canopy", group_of(episode(1)), eps=0.0)
+    assert math.isfinite(group_credit("canopy", group_of(episode(3)))[0][0])
 
 
 def test_registered_as_canopy():
-    assert get_estimator("canopy") is canopy_advantages
+    assert get_estimator("canopy").function is canopy_advantages
 
 
 def test_docstring_examples():

@@ -18,9 +18,10 @@ import yaml
 from datasets import Dataset
 
 from trl_agents.credit import cast as credit_cast
+from trl_agents.credit import stat_means
 from trl_agents.credit.cast import (
+    CASTParams,
     cast_advantages,
-    cast_advantages_with_stats,
     outcome_advantages,
     shaping_moments,
     solver_advantages,
@@ -32,6 +33,18 @@ from trl_agents.trainers import METHODS
 from trl_agents.trainers import cast as trainer_cast
 from trl_agents.trainers.cast import CASTConfig, CASTTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
+
+
+def cast_with_stats(groups, **params):
+    """CAST on a batch of groups with `CASTParams(**params)`: (advantages, the value of each stat)."""
+    advantages, stats = cast_advantages(groups, CASTParams(**params))
+    return advantages, stat_means(stats)
+
+
+def cast(groups, **params):
+    """CAST's advantages of a batch of groups (see `cast_with_stats`)."""
+    return cast_with_stats(groups, **params)[0]
+
 
 INF = math.inf
 TOL = 1e-6
@@ -96,7 +109,7 @@ HAND = [
 
 
 def test_hand_computed_batch():
-    advantages, stats = cast_advantages_with_stats(hand_batch(), alpha=0.1)
+    advantages, stats = cast_with_stats(hand_batch(), cast_alpha=0.1)
     assert_close(advantages, HAND)
     assert stats["rms"] == pytest.approx(1.0151589, abs=TOL)
     # Ã = [1,1,1 | 0,-3 | 1,-1 | -2,0]: sum -2, mean -2/9; 7 of 9 nonzero. Valid turns: 8; dead: D1; fatal: B1, D0.
@@ -119,41 +132,41 @@ def test_hand_computed_solver_advantages_and_outcome():
 
 def test_ablations_identity_and_no_norm():
     # identity + none: A = A_i + 0.1·Ã:  A: 0.7071068 + 0.1;  B: -0.7071068, -0.7071068 - 0.3;  C: ±0.1;  D: -0.2, 0
-    advantages = cast_advantages(hand_batch(), transform="identity", norm="none")
+    advantages = cast(hand_batch(), cast_transform="identity", cast_norm="none")
     assert_close(advantages, [[[0.8071068] * 3, [-0.7071068, -1.0071068]], [[0.1, -0.1], [-0.2, 0.0]]])
     # signed_log + none: g(1) = log 2 = 0.6931472, g(-3) = -log 4 = -1.3862944, g(-2) = -log 3 = -1.0986123
-    advantages = cast_advantages(hand_batch(), transform="signed_log", norm="none")
+    advantages = cast(hand_batch(), cast_transform="signed_log", cast_norm="none")
     expected = [
         [[0.7071068 + 0.0693147] * 3, [-0.7071068, -0.7071068 - 0.1386294]],
         [[0.0693147, -0.0693147], [-0.1098612, 0.0]],
     ]
     assert_close(advantages, expected)
     # identity + rms: RMS = sqrt((5 x 1 + 9 + 4) / 9) = sqrt(2) -> h(1) = 0.7071068; A: 0.7071068 + 0.0707107
-    advantages = cast_advantages(hand_batch(), transform="identity")
+    advantages = cast(hand_batch(), cast_transform="identity")
     assert advantages[0][0][0] == pytest.approx(0.7778175, abs=TOL)
 
 
 def test_alpha_scales_only_the_solver_term():
     # α = 0: pure GRPO outcome advantage (no ε): ±0.7071068 for group 1, 0 for group 2.
-    assert_close(cast_advantages(hand_batch(), alpha=0.0), [[[0.7071068] * 3, [-0.7071068] * 2], [[0.0] * 2] * 2])
+    assert_close(cast(hand_batch(), cast_alpha=0.0), [[[0.7071068] * 3, [-0.7071068] * 2], [[0.0] * 2] * 2])
     # α = 0.3: C0 = 0.3 x 0.8682125 = 0.2604637
-    assert cast_advantages(hand_batch(), alpha=0.3)[1][0][0] == pytest.approx(0.2604637, abs=TOL)
+    assert cast(hand_batch(), cast_alpha=0.3)[1][0][0] == pytest.approx(0.2604637, abs=TOL)
 
 
 def test_rms_is_a_statistic_of_the_whole_batch():
     # Group 1 alone: Σ g² = 3 x 0.7768194 + 3.3067475 = 5.6372057 over 5 turns, RMS = sqrt(1.1274411) = 1.0618103;
     # A0 = 0.7071068 + 0.1 x 0.8813736 / 1.0618103 = 0.7071068 + 0.0830066 = 0.7901134 (0.7939280 within the batch).
-    alone = cast_advantages(hand_batch()[:1])
+    alone = cast(hand_batch()[:1])
     assert alone[0][0][0] == pytest.approx(0.7901134, abs=TOL)
     # A reducer that reports other moments (as an all-reduce over processes would) sets the scale:
     # moments (4, 4) -> RMS 1 -> A0 = 0.7071068 + 0.0881374
-    reduced = cast_advantages(hand_batch()[:1], reduce_moments=lambda local: (4.0, 4.0))
+    reduced = cast(hand_batch()[:1], sum_over_processes=lambda local: [4.0, 4.0])
     assert reduced[0][0][0] == pytest.approx(0.7952442, abs=TOL)
 
 
 def test_invalid_penalty_is_subtracted_after_the_rest():
     # λ = 0.5 on B0 (invalid): -0.7071068 - 0.5 = -1.2071068; nothing else changes.
-    advantages = cast_advantages(hand_batch(), invalid_penalty=0.5)
+    advantages = cast(hand_batch(), invalid_action_penalty=0.5)
     expected = [[row[:] for row in g] for g in HAND]
     expected[0][1][0] = -1.2071068
     assert_close(advantages, expected)
@@ -272,7 +285,7 @@ def test_sokoban_solver_advantages_follow_the_recorded_values(tokenizer, scripte
 def test_zero_variance_groups_still_get_the_solver_term():
     # All episodes fail (R = 0): the outcome advantage is 0, yet the good move (+1) and the bad move (-1) differ.
     batch = [group_of(episode(turn(2, 1)), episode(turn(2, 3)))]
-    advantages = cast_advantages(batch)
+    advantages = cast(batch)
     # RMS = asinh(1) -> h = ±1 -> A = ±0.1
     assert_close(advantages, [[[0.1], [-0.1]]])
 
@@ -280,7 +293,7 @@ def test_zero_variance_groups_still_get_the_solver_term():
 def test_dead_state_steps_get_no_shaping():
     # Steps from an unsolvable state (INF -> INF, or INF -> finite under shortest_path) keep A = A_i exactly.
     batch = [group_of(episode(turn(1, 0, reward=1.0)), episode(turn(1, INF), turn(INF, INF), turn(INF, 3)))]
-    advantages = cast_advantages(batch)
+    advantages = cast(batch)
     a_i = outcome_advantages(batch[0])[1]
     assert advantages[0][1][1:] == [a_i, a_i]
 
@@ -289,9 +302,9 @@ def test_dead_state_steps_get_no_shaping():
 def test_all_equal_rewards_leave_only_the_solver_term(reward):
     # Documented behaviour: equal returns -> A_i = 0, so A = α·h(Ã); with every Ã = 0 every advantage is exactly 0.
     flat = [group_of(*(episode(turn(2, 2), turn(2, 2, reward=reward)) for _ in range(4)))]
-    assert cast_advantages(flat) == [[[0.0, 0.0]] * 4]
+    assert cast(flat) == [[[0.0, 0.0]] * 4]
     moving = [group_of(episode(turn(2, 1, reward=reward)), episode(turn(2, 3, reward=reward)))]
-    assert_close(cast_advantages(moving), [[[0.1], [-0.1]]])
+    assert_close(cast(moving), [[[0.1], [-0.1]]])
 
 
 @pytest.mark.parametrize("rule", ["shortest_path", "minesweeper"])
@@ -309,49 +322,50 @@ def test_permuting_trajectories_permutes_advantages(rule):
     trajectories = [random_episode() for _ in range(6)]
     other = group_of(random_episode(), random_episode(), task_id="other")
     order = [3, 0, 5, 1, 4, 2]
-    base = cast_advantages([group_of(*trajectories), other], solver_rule=rule)
-    permuted = cast_advantages([group_of(*(trajectories[i] for i in order)), other], solver_rule=rule)
+    base = cast([group_of(*trajectories), other], solver_rule=rule)
+    permuted = cast([group_of(*(trajectories[i] for i in order)), other], solver_rule=rule)
     for row_p, row_b in zip(permuted[0], [base[0][i] for i in order], strict=True):
         assert row_p == pytest.approx(row_b, abs=1e-12)
     assert permuted[1] == base[1]
 
 
 def test_edge_cases_give_finite_advantages():
-    assert cast_advantages([]) == []
-    assert cast_advantages([group_of()]) == [[]]
-    assert cast_advantages([group_of(Trajectory(task={}))]) == [[[]]]
+    assert cast([]) == []
+    assert cast([group_of()]) == [[]]
+    assert cast([group_of(Trajectory(task={}))]) == [[[]]]
     # A group of one episode: A_i = 0, the solver term alone (RMS over its one turn: h = 1).
-    assert_close(cast_advantages([group_of(episode(turn(2, 1)))]), [[[0.1]]])
+    assert_close(cast([group_of(episode(turn(2, 1)))]), [[[0.1]]])
     # Length-1 trajectories, a zero-step trajectory among them.
-    mixed = cast_advantages([group_of(Trajectory(task={}), episode(turn(1, 0, reward=1.0)), episode(turn(1, INF)))])
+    mixed = cast([group_of(Trajectory(task={}), episode(turn(1, 0, reward=1.0)), episode(turn(1, INF)))])
     assert [len(row) for row in mixed[0]] == [0, 1, 1] and all_finite(mixed)
     # All actions invalid: every Ã = 0, RMS = 0 -> h = 0 / (0 + 1e-8) = 0, no NaN.
     invalid = [group_of(episode(turn(2, 2, valid=False)), episode(turn(2, 2, valid=False), turn(2, 2, valid=False)))]
-    advantages, stats = cast_advantages_with_stats(invalid, invalid_penalty=0.1)
+    advantages, stats = cast_with_stats(invalid, invalid_action_penalty=0.1)
     assert advantages == [[[-0.1], [-0.1, -0.1]]] and stats["rms"] == 0.0
     # Only INF values (every state dead).
-    dead = cast_advantages([group_of(episode(turn(INF, INF)), episode(turn(INF, INF)))])
+    dead = cast([group_of(episode(turn(INF, INF)), episode(turn(INF, INF)))])
     assert dead == [[[0.0], [0.0]]]
 
 
 def test_bad_inputs_are_rejected():
     batch = hand_batch()
-    for name, value in [("transform", "tanh"), ("norm", "std"), ("solver_rule", "dijkstra")]:
+    for field, value, name in [("cast_transform", "tanh", "transform"), ("cast_norm", "std", "norm"),
+                               ("solver_rule", "dijkstra", "solver_rule")]:
         with pytest.raises(ValueError, match=name):
-            cast_advantages(batch, **{name: value})
+            cast(batch, **{field: value})
     with pytest.raises(ValueError, match="solver_rule has 1 entries for 2 groups"):
-        cast_advantages(batch, solver_rule=["shortest_path"])
+        cast(batch, solver_rule=["shortest_path"])
     for alpha in (-0.1, float("nan")):
         with pytest.raises(ValueError, match="alpha"):
-            cast_advantages(batch, alpha=alpha)
+            cast(batch, cast_alpha=alpha)
     with pytest.raises(ValueError, match="eps"):
-        cast_advantages(batch, eps=0.0)
+        cast(batch, cast_eps=0.0)
     with pytest.raises(ValueError, match="'solver_value' signal"):
-        cast_advantages([group_of(episode(Step("s", "a")))])
+        cast([group_of(episode(Step("s", "a")))])
     with pytest.raises(ValueError, match="solver values must be"):
-        cast_advantages([group_of(episode(turn(float("nan"), 1)))])
+        cast([group_of(episode(turn(float("nan"), 1)))])
     with pytest.raises(ValueError, match="non-finite"):
-        cast_advantages([group_of(episode(turn(1, 0, reward=float("nan"))))])
+        cast([group_of(episode(turn(1, 0, reward=float("nan"))))])
 
 
 def test_config_validation(tmp_path):

@@ -8,17 +8,31 @@ import math
 
 import pytest
 
-from trl_agents.credit import get_estimator
+from trl_agents.credit import stat_means
 from trl_agents.credit.dpepo import (
+    DPEPOParams,
     consecutive_pairs,
     diversity_weight,
     dpepo_advantages,
-    dpepo_advantages_with_stats,
     reweight,
     trajectory_weights,
     weight_terms,
 )
 from trl_agents.trajectory import Group, Step, Trajectory
+
+
+def dpepo_with_stats(group, weights=None, **params):
+    """DPEPO on one group (`weights`: W per step of each trajectory, None to rebuild them from the steps' info), with
+    `DPEPOParams(**params)`: (advantages, the value of each stat)."""
+    params = DPEPOParams(weights=None if weights is None else [weights], **params)
+    (advantages,), stats = dpepo_advantages([group], params)
+    return advantages, stat_means(stats)
+
+
+def dpepo(group, weights=None, **params):
+    """DPEPO's advantages of one group (see `dpepo_with_stats`)."""
+    return dpepo_with_stats(group, weights, **params)[0]
+
 
 S, D, C = "go to shelf 1", "open drawer 1", "go to cabinet 2"
 HISTORIES = {1: [S, D, S, D], 2: [S, D], 3: [], 4: []}
@@ -124,27 +138,27 @@ def test_cross_step_z_score_and_the_sign_flip():
     # = sqrt(1/3) = 0.57735. z = (1/3)/0.57735 = 0.57735 on the success, (−2/3)/0.57735 = −1.1547 on the failure.
     group = group_of([(1.0, 2), (0.0, 1)])
     sigma = math.sqrt(1 / 3) + 1e-6
-    rows = dpepo_advantages(group, weights=[[0.8579, 1.0], [0.5]])
+    rows = dpepo(group, weights=[[0.8579, 1.0], [0.5]])
     assert rows[0] == pytest.approx([(1 / 3) / sigma * 0.8579, (1 / 3) / sigma * 1.0])  # shrunk by W
     assert rows[1] == pytest.approx([(-2 / 3) / sigma * (2 - 0.5)])  # amplified by 2 − W = 1.5: −1.7321
-    assert dpepo_advantages(group, weights=[[0.8579, 1.0], [0.5]], diversity=False)[1] == pytest.approx(
+    assert dpepo(group, weights=[[0.8579, 1.0], [0.5]], dpepo_diversity_weight=False)[1] == pytest.approx(
         [(-2 / 3) / sigma])
     # Trajectory statistics would give ±0.7071 instead: the cross-step statistic counts the 2-turn success twice.
     assert rows[0][1] != pytest.approx(0.7071, abs=1e-3)
 
 
 def test_numerical_guards():
-    assert dpepo_advantages(Group(task={}, trajectories=[]), weights=[]) == []
+    assert dpepo(Group(task={}, trajectories=[]), weights=[]) == []
     # All failed / all solved: σ = 0, every z = 0 exactly (no 0/1e-6 residue), whatever W.
     for ret in (0.0, 1.0):
-        rows = dpepo_advantages(group_of([(ret, 2), (ret, 3)]), weights=[[0.5, 0.5], [0.9, 0.9, 0.9]])
+        rows = dpepo(group_of([(ret, 2), (ret, 3)]), weights=[[0.5, 0.5], [0.9, 0.9, 0.9]])
         assert rows == [[0.0, 0.0], [0.0, 0.0, 0.0]]
     # One row in the group: verl-agent's μ = 0, σ = 1: z = R; W = 0.9 applies (z ≥ 0).
-    assert dpepo_advantages(group_of([(1.0, 1)]), weights=[[0.9]])[0] == pytest.approx([1.0 / (1 + 1e-6) * 0.9])
+    assert dpepo(group_of([(1.0, 1)]), weights=[[0.9]])[0] == pytest.approx([1.0 / (1 + 1e-6) * 0.9])
     with pytest.raises(ValueError, match="one value per step"):
-        dpepo_advantages(group_of([(1.0, 2)]), weights=[[0.9]])
+        dpepo(group_of([(1.0, 2)]), weights=[[0.9]])
     with pytest.raises(ValueError, match="non-finite reward"):
-        dpepo_advantages(group_of([(math.nan, 1), (0.0, 1)]), weights=[[1.0], [1.0]])
+        dpepo(group_of([(math.nan, 1), (0.0, 1)]), weights=[[1.0], [1.0]])
 
 
 def parallel_step(actions, applied, reward=0.0, invalid=0, num_envs=4):
@@ -176,11 +190,11 @@ def test_estimator_and_stats_from_recorded_steps():
                                       parallel_step([(1, D)], [1], reward=1.0)], episode_id=0)
     bad = Trajectory(task={}, steps=[parallel_step([], [])], episode_id=1)
     group = Group(task={}, trajectories=[good, bad])
-    rows = get_estimator("dpepo")(group)
+    rows = dpepo(group)
     sigma = math.sqrt(1 / 3) + 1e-6  # scores [1, 1, 0] as above
     assert rows == [pytest.approx([(1 / 3) / sigma * 0.9, (1 / 3) / sigma * 1.0]),
                     pytest.approx([(-2 / 3) / sigma * 1.5])]
-    advantages, stats = dpepo_advantages_with_stats(group)
+    advantages, stats = dpepo_with_stats(group)
     assert advantages == rows
     assert stats["mean_weight"] == pytest.approx((0.9 + 1.0 + 0.5) / 3)
     assert stats["no_action_fraction"] == pytest.approx(1 / 3)

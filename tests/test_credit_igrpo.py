@@ -1,5 +1,5 @@
-"""IGRPO math (trl_agents/credit/igrpo.py): selection probabilities, suppression, leaf weights, the teacher-weighted
-advantage, and how it reaches shared steps of a tree. Hand numbers in the comments; docs/methods/igrpo.md has the
+"""IGRPO math: selection probabilities and suppression (trl_agents/rollout/topologies/igrpo.py), leaf weights, the
+teacher-weighted advantage, and how it reaches shared steps of a tree (trl_agents/credit/igrpo.py). Hand numbers in the comments; docs/methods/igrpo.md has the
 same cases."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ import math
 import random
 
 import pytest
+from helpers import group_credit, group_credit_and_stats
 
-from trl_agents.credit.grpo import grpo_advantages
 from trl_agents.credit.igrpo import (
+    leaf_weights,
+    weighted_advantages,
+    weighted_mean_std,
+)
+from trl_agents.rollout.topologies.igrpo import (
     GOLD_LIKELIHOOD,
     gold_likelihood,
-    igrpo_advantages,
-    igrpo_advantages_with_stats,
-    leaf_weights,
     node_indices,
     path_information,
     sample_index,
     selection_probabilities,
     update_strikes,
-    weighted_advantages,
-    weighted_mean_std,
 )
 from trl_agents.training.credit_phase import step_values
 from trl_agents.trajectory import Group, Step, Trajectory
@@ -142,7 +142,7 @@ def test_hand_case_weighted_advantage():
     # The same numbers from the trajectories: paths whose likelihood goes from 0.2 (root) to 0.3, 0.2, 0.2, 0.1.
     group = Group(task={}, trajectories=[leaf([0.2, p], r, i) for i, (p, r) in enumerate(
         zip((0.3, 0.2, 0.2, 0.1), returns))])
-    values, stats = igrpo_advantages_with_stats(group, scale="none")
+    values, stats = group_credit_and_stats("igrpo", group, scale_rewards="none")
     assert [row[-1] for row in values] == pytest.approx([0.5749, -0.5749, 0.2115, -0.2115], abs=5e-5)
     assert stats["max_weight"] == pytest.approx(0.5344, abs=5e-5)
     assert stats["mean_info_gain"] == pytest.approx((0.1 + 0 + 0 - 0.1) / 4)
@@ -161,8 +161,8 @@ def test_equal_gains_give_exactly_grpo(scale):
                  answer(0.5, float(rng.random() < 0.5) + 0.25 * i)]
         trajectories.append(Trajectory(task={}, steps=steps, episode_id=i))
     group = Group(task={}, trajectories=trajectories)
-    expected = grpo_advantages(group, scale=scale, invalid_penalty=0.1)
-    assert igrpo_advantages(group, scale=scale, invalid_penalty=0.1) == expected  # bit for bit
+    expected = group_credit("grpo", group, scale_rewards=scale, invalid_action_penalty=0.1)
+    assert group_credit("igrpo", group, scale_rewards=scale, invalid_action_penalty=0.1) == expected  # bit for bit
     # The weighted formula itself, with explicit uniform weights, agrees to rounding.
     returns = [t.episode_return for t in trajectories]
     ours = weighted_advantages(returns, [1 / 6] * 6, scale=scale)
@@ -183,7 +183,7 @@ def test_shared_prefix_gets_its_subtrees_weighted_advantage():
     c1 = Trajectory(task={}, steps=[s0, search(0.4), answer(0.1, 0.0)], episode_id=1, parent_id=0, fork_step=1)
     c2 = Trajectory(task={}, steps=[s0, s1, answer(0.6, 0.0)], episode_id=2, parent_id=0, fork_step=2)
     group = Group(task={}, trajectories=[r, c1, c2])
-    values = igrpo_advantages(group, scale="none")
+    values = group_credit("igrpo", group, scale_rewards="none")
     summed = step_values([group], [values])
     assert summed[id(s0)] == pytest.approx(0.0, abs=1e-12)
     # S = [0.4, −0.1, 0.4] (p at the last node minus 0.2): w ∝ [e^4, e^−1, e^4] -> [0.4983, 0.0034, 0.4983]
@@ -198,37 +198,37 @@ def test_invalid_penalty_is_charged_once_by_the_owner():
     bad = Step("o", "x", valid=False, signals={GOLD_LIKELIHOOD: 0.3})
     root = Trajectory(task={}, steps=[search(0.3), bad, answer(0.3, 1.0)], episode_id=0)
     fork = Trajectory(task={}, steps=[root.steps[0], bad, answer(0.3, 0.0)], episode_id=1, parent_id=0, fork_step=2)
-    values = igrpo_advantages(Group(task={}, trajectories=[root, fork]), invalid_penalty=0.5)
+    values = group_credit("igrpo", Group(task={}, trajectories=[root, fork]), invalid_action_penalty=0.5)
     # equal gains: GRPO z-scores ±0.7070 (R = [1, 0], μ 0.5, σ 0.7071); the shared invalid step: −0.5 once, by root
     assert values[0][1] == pytest.approx(values[0][0] - 0.5)
     assert values[1][1] == pytest.approx(values[1][0])
 
 
 def test_edge_groups_are_finite():
-    assert igrpo_advantages_with_stats(Group(task={}))[0] == []
+    assert group_credit_and_stats("igrpo", Group(task={}))[0] == []
     single = Group(task={}, trajectories=[leaf([0.1, 0.9], 1.0)])
-    assert igrpo_advantages(single) == [[0.0, 0.0]]  # a lone leaf: deviation 0
+    assert group_credit("igrpo", single) == [[0.0, 0.0]]  # a lone leaf: deviation 0
     all_failed = Group(task={}, trajectories=[leaf([0.1, p], 0.0, i) for i, p in enumerate((0.9, 0.1, 0.5))])
-    values, stats = igrpo_advantages_with_stats(all_failed)
+    values, stats = group_credit_and_stats("igrpo", all_failed)
     assert values == [[0.0, 0.0]] * 3 and stats["zero_advantage_group"] == 1.0
     # nearly all weight on one leaf: S/T = [1000, 0], 1 − Σ w² ≈ 0 -> σ_w = 0, everything finite
     concentrated = Group(task={}, trajectories=[leaf([0.0, 1.0], 1.0, 0), leaf([0.0, 0.0], 0.0, 1)])
-    values = igrpo_advantages(concentrated, temperature=1e-3)
+    values = group_credit("igrpo", concentrated, igrpo_temperature=1e-3)
     assert all(math.isfinite(v) for row in values for v in row)
     assert values[0][0] == 0.0 and abs(values[1][0]) < 1e-12
     zero_steps = Group(task={}, trajectories=[Trajectory(task={}, steps=[]), leaf([0.1, 0.2], 1.0, 1)])
-    assert igrpo_advantages(zero_steps, scale="none")[0] == []
+    assert group_credit("igrpo", zero_steps, scale_rewards="none")[0] == []
 
 
 def test_bad_inputs_are_rejected():
     missing = Trajectory(task={}, steps=[Step("o", "search[q]"), answer(0.1, 1.0)])
     with pytest.raises(ValueError, match="gold_likelihood"):
-        igrpo_advantages(Group(task={}, trajectories=[missing]))
+        group_credit("igrpo", Group(task={}, trajectories=[missing]))
     with pytest.raises(ValueError, match="finite likelihood"):
-        igrpo_advantages(Group(task={}, trajectories=[leaf([0.1, math.nan], 1.0)]))
+        group_credit("igrpo", Group(task={}, trajectories=[leaf([0.1, math.nan], 1.0)]))
     with pytest.raises(ValueError, match="scale must be one of"):
-        igrpo_advantages(Group(task={}, trajectories=[leaf([0.1, 0.2], 1.0)]), scale="batch")
+        group_credit("igrpo", Group(task={}, trajectories=[leaf([0.1, 0.2], 1.0)]), scale_rewards="batch")
     with pytest.raises(ValueError, match="temperature"):
-        igrpo_advantages(Group(task={}, trajectories=[leaf([0.1, 0.2], 1.0)]), temperature=0)
+        group_credit("igrpo", Group(task={}, trajectories=[leaf([0.1, 0.2], 1.0)]), igrpo_temperature=0)
     with pytest.raises(ValueError, match="non-finite reward"):
-        igrpo_advantages(Group(task={}, trajectories=[leaf([0.1, 0.2], math.inf)]))
+        group_credit("igrpo", Group(task={}, trajectories=[leaf([0.1, 0.2], math.inf)]))

@@ -1,32 +1,27 @@
-"""PATR's math (trl_agents/credit/patr.py): GRPO over a tree's leaves with pruned leaves as failures, the solver
-progress score, the scorer adapters and the tree's pure bookkeeping, on hand-computed cases."""
+"""PATR's math: GRPO over a tree's leaves with pruned leaves as failures (trl_agents/credit/patr.py), the solver
+progress score and the scorer adapters (trl_agents/judges.py) and the tree's pure bookkeeping
+(trl_agents/rollout/topologies/patr.py), on hand-computed cases."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_credit_and_stats, group_of
 
 from trl_agents.credit import get_estimator
-from trl_agents.credit.patr import (
-    PRUNED,
+from trl_agents.credit.patr import leaf_return, patr_advantages
+from trl_agents.judges import (
+    CallableJudge,
     CallableScorer,
     JudgeScorer,
     SolverProgressScorer,
-    choose_expansions,
     coerce_q,
-    degenerate_reason,
     judge_messages,
     judge_q,
-    leaf_return,
-    patr_advantages,
-    patr_advantages_with_stats,
     solver_progress,
-    spread,
-    update_streak,
 )
-from trl_agents.judges import CallableJudge
+from trl_agents.rollout.topologies.patr import PRUNED, choose_expansions, degenerate_reason, spread, update_streak
 from trl_agents.trajectory import Step, Trajectory
 
 INF = math.inf
@@ -54,17 +49,17 @@ def test_grpo_over_the_leaves_with_a_pruned_failure():
     # Leaf returns [1, 0, 1, 1], leaf 3 pruned ⇒ R = [1, 0, 1, 0]: mean 0.5, Bessel std sqrt(4·0.25/3) = 0.57735.
     # A = ±0.5 / (0.57735 + 1e-4) = ±0.86588 on every step of each leaf's path.
     group = tree([1.0, 0.0, 1.0, 1.0], pruned=(3,))
-    advantages, stats = patr_advantages_with_stats(group)
+    advantages, stats = group_credit_and_stats("patr", group)
     a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
     assert_close(advantages, [[a] * 3, [-a] * 3, [a] * 3, [-a] * 3])
     assert stats["num_leaves"] == 4 and stats["pruned_fraction"] == 0.25 and stats["num_forks"] == 3
     assert stats["mean_fork_step"] == pytest.approx(5 / 3)  # forks at steps 1, 2, 2
     # The pruned leaf's own reward (1) is replaced by the pruned return; with pruned_return=1 nothing is pruned.
     assert leaf_return(group.trajectories[3]) == 0.0 and leaf_return(group.trajectories[3], 1.0) == 1.0
-    assert_close(patr_advantages(group, pruned_return=1.0)[1:2], [[-0.75 / (0.5 + 1e-4)] * 3])  # R = [1,0,1,1]: σ = 0.5
+    assert_close(group_credit("patr", group, patr_pruned_return=1.0)[1:2], [[-0.75 / (0.5 + 1e-4)] * 3])  # R = [1,0,1,1]: σ = 0.5
     # Registered estimator; Dr. GRPO scale: centred only.
-    assert get_estimator("patr") is patr_advantages
-    assert_close(patr_advantages(group, scale="none"), [[0.5] * 3, [-0.5] * 3, [0.5] * 3, [-0.5] * 3])
+    assert get_estimator("patr").function is patr_advantages
+    assert_close(group_credit("patr", group, scale_rewards="none"), [[0.5] * 3, [-0.5] * 3, [0.5] * 3, [-0.5] * 3])
 
 
 def test_shared_steps_sum_to_zero_over_all_leaves_and_get_the_subtree_sum():
@@ -73,7 +68,7 @@ def test_shared_steps_sum_to_zero_over_all_leaves_and_get_the_subtree_sum():
     # (no prune): A = [a, −a, −a, a], leaves 0 and 3 give step 1 of the root 2a, leaf 1's own step 1 (shared with
     # leaf 2) gets −2a.
     group = tree([1.0, 0.0, 0.0, 1.0])
-    adv = patr_advantages(group)
+    adv = group_credit("patr", group)
     a = adv[0][0]
     assert a == pytest.approx(0.5 / (math.sqrt(1 / 3) + 1e-4))
     assert sum(row[0] for row in adv) == pytest.approx(0.0, abs=1e-12)
@@ -83,27 +78,27 @@ def test_shared_steps_sum_to_zero_over_all_leaves_and_get_the_subtree_sum():
 def test_invalid_penalty_is_charged_once_by_the_owner():
     # Step 1 of leaf 1 is invalid and shared with leaf 2 (forked at step 2): only leaf 1 (its owner) subtracts 0.1.
     group = tree([1.0, 1.0, 1.0, 1.0], invalid_owned=(1, 1))
-    adv = patr_advantages(group, invalid_penalty=0.1)
+    adv = group_credit("patr", group, invalid_action_penalty=0.1)
     assert adv[1] == [0.0, -0.1, 0.0] and adv[2] == [0.0, 0.0, 0.0]
 
 
 def test_edge_groups_are_finite():
-    assert patr_advantages_with_stats(group_of()) == ([], {"num_leaves": 0.0, "pruned_fraction": 0.0,
+    assert group_credit_and_stats("patr", group_of()) == ([], {"num_leaves": 0.0, "pruned_fraction": 0.0,
                                                            "zero_signal": 0.0, "num_forks": 0.0,
                                                            "mean_fork_step": 0.0, "success_rate": 0.0})
     single = group_of(Trajectory(task={}, steps=[Step("s", "a", reward=1.0)]))
-    assert patr_advantages(single) == [[0.0]]  # one leaf: no baseline, no signal
+    assert group_credit("patr", single) == [[0.0]]  # one leaf: no baseline, no signal
     failed = tree([0.0, 0.0, 0.0, 0.0], pruned=(0, 1, 2, 3))  # all failed and pruned
-    adv, stats = patr_advantages_with_stats(failed)
+    adv, stats = group_credit_and_stats("patr", failed)
     assert all_finite(adv) and all(a == 0.0 for row in adv for a in row) and stats["zero_signal"] == 1.0
     tiny = tree([1.0, 1.0 + 1e-12, 1.0, 1.0])  # a tiny std: bounded by ε
-    assert all_finite(patr_advantages(tiny))
+    assert all_finite(group_credit("patr", tiny))
     with pytest.raises(ValueError, match="non-finite reward"):
-        patr_advantages(tree([math.nan, 0.0, 0.0, 0.0]))
+        group_credit("patr", tree([math.nan, 0.0, 0.0, 0.0]))
     with pytest.raises(ValueError, match="pruned_return must be finite"):
-        patr_advantages(tree([1.0, 0.0, 0.0, 0.0]), pruned_return=math.inf)
+        group_credit("patr", tree([1.0, 0.0, 0.0, 0.0]), patr_pruned_return=math.inf)
     with pytest.raises(ValueError, match="scale must be one of"):
-        patr_advantages(tree([1.0, 0.0, 0.0, 0.0]), scale="batch")
+        group_credit("patr", tree([1.0, 0.0, 0.0, 0.0]), scale_rewards="batch")
 
 
 def solver_path(*values, horizon=10):
@@ -161,7 +156,7 @@ def test_scorer_adapters():
 
 def test_reward_model_scorer_on_the_tiny_model(tiny_model_dir):
     # A process reward model: the tiny causal LM's weights under a fresh one-label classification head; q = sigmoid.
-    from trl_agents.credit.patr import RewardModelScorer
+    from trl_agents.judges import RewardModelScorer
 
     scorer = RewardModelScorer(tiny_model_dir, max_length=64, batch_size=2)
     scores = scorer([solver_path(3, 2), solver_path(3, 4), solver_path(3, 2, 1)])

@@ -13,12 +13,13 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_of
 
-from trl_agents.credit import get_estimator, grpo_advantages
+from trl_agents.credit import get_estimator
 from trl_agents.credit import progpo as credit_progpo
 from trl_agents.credit.base import canonical_action
 from trl_agents.credit.progpo import (
+    ProGPOParams,
     combine_parts,
     fuse_inverse_variance,
     progpo_advantages,
@@ -30,6 +31,12 @@ from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.progpo import ProGPOConfig, ProGPOTrainer
 from trl_agents.trajectory import Step, Trajectory
+
+
+def parts_of(group, **params):
+    """`progpo_parts` of one group with `ProGPOParams(**params)`."""
+    return progpo_parts(group, ProGPOParams(**params))
+
 
 TOL = 1e-4
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -58,7 +65,7 @@ def toy_group():
     )
 
 
-EXACT = {"gamma": 1.0, "max_depth": 0, "smoothing": False}  # the setting of docs/methods/progpo.md's hand case
+EXACT = {"gamma": 1.0, "potential_depth": 0, "potential_smoothing": False}  # the setting of docs/methods/progpo.md's hand case
 
 
 # ---------------------------------------------------------------- (a) hand-computed cases (docs/methods/progpo.md)
@@ -79,7 +86,7 @@ def test_toy_potentials_and_transition_credit():
     # K = 0, no smoothing, γ = 1: Φ(s0) = 2/4 = 0.5, Φ(s1) = 2/3, Φ(s2) = 0/1 = 0; after the last step
     # Φ = 1[won].
     # A^tr: s0->s1 = 2/3 − 1/2 = +1/6, s0->s2 = −0.5, s1->won = 1 − 2/3 = +1/3, s1->lost = −2/3, s2->lost = 0.
-    parts = progpo_parts(toy_group(), **EXACT)
+    parts = parts_of(toy_group(), **EXACT)
     assert_close(parts.potentials, [[0.5, 2 / 3], [0.5, 2 / 3], [0.5, 0.0], [0.5, 2 / 3]])
     assert_close(parts.transition, [[1 / 6, 1 / 3], [1 / 6, -2 / 3], [-0.5, 0.0], [1 / 6, 1 / 3]])
 
@@ -88,10 +95,10 @@ def test_toy_peer_and_episode_terms():
     # γ = 1: step returns A, D: [1, 1]; B, C: [0, 0].
     # Peers: t = 0 all four (same first observation): mean 0.5 -> ±0.5 (mean_norm) or ±0.5/0.57735 = ±0.8660 (z-score).
     #        t = 1: {A, B, D} share (s0, a, s1): mean 2/3 -> A, D +1/3, B −2/3;  C alone (s0, d, s2) -> 0.
-    parts = progpo_parts(toy_group(), mode="mean_norm", **EXACT)
+    parts = parts_of(toy_group(), progpo_mode="mean_norm", **EXACT)
     assert_close(parts.peer, [[0.5, 1 / 3], [-0.5, -2 / 3], [-0.5, 0.0], [0.5, 1 / 3]])
     assert_close(parts.episode, [[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5], [0.5, 0.5]])  # R = [1, 0, 0, 1], mean 0.5
-    z = progpo_parts(toy_group(), mode="mean_std_norm", **EXACT)
+    z = parts_of(toy_group(), progpo_mode="mean_std_norm", **EXACT)
     # t = 1 group [1, 0, 1]: std sqrt((1/9 + 4/9 + 1/9)/2) = 0.57735 -> (1/3)/0.57735 = 0.5774, (−2/3)/0.57735 = −1.1547
     assert_close(z.peer, [[0.8660, 0.5774], [-0.8660, -1.1547], [-0.8660, 0.0], [0.8660, 0.5774]])
     assert_close(z.episode, [[0.8660, 0.8660], [-0.8660, -0.8660], [-0.8660, -0.8660], [0.8660, 0.8660]])
@@ -102,27 +109,27 @@ def test_toy_full_advantages():
     # A = A^E + A^peer + A^tr/σ_tr (mean_norm, γ = 1, K = 0, no smoothing).
     # σ_tr = 1:  A: [0.5 + 0.5 + 1/6, 0.5 + 1/3 + 1/3] = [1.1667, 1.1667];  B: [−0.5 − 0.5 + 1/6, −0.5 − 2/3 − 2/3]
     #            = [−0.8333, −1.8333];  C: [−0.5 − 0.5 − 0.5, −0.5 + 0 + 0] = [−1.5, −0.5].
-    options = dict(mode="mean_norm", **EXACT)
+    options = dict(progpo_mode="mean_norm", **EXACT)
     expected_none = [[1.1667, 1.1667], [-0.8333, -1.8333], [-1.5, -0.5], [1.1667, 1.1667]]
-    assert_close(progpo_advantages(toy_group(), transition_norm="none", **options), expected_none)
+    assert_close(group_credit("progpo", toy_group(), transition_norm="none", **options), expected_none)
     # σ_tr of this group: the 8 credits sum to 0; squares 3/36 + 2/9 + 4/9 + 1/4 = 1 -> std sqrt(1/7) = 0.377964.
     # A: step 0: 1 + (1/6)/0.377964 = 1.440959; step 1: 0.833333 + (1/3)/0.377964 = 1.715250
     # B: step 0: −1 + 0.440959 = −0.559041;    step 1: −1.166667 − (2/3)/0.377964 = −2.930501
     # C: step 0: −1 − 0.5/0.377964 = −2.322876; step 1: −0.5
     expected_group = [[1.440959, 1.715250], [-0.559041, -2.930501], [-2.322876, -0.5], [1.440959, 1.715250]]
-    assert_close(progpo_advantages(toy_group(), transition_norm="group", **options), expected_group)
-    assert transition_scale([v for row in progpo_parts(toy_group(), **EXACT).transition for v in row]) == (
+    assert_close(group_credit("progpo", toy_group(), transition_norm="group", **options), expected_group)
+    assert transition_scale([v for row in parts_of(toy_group(), **EXACT).transition for v in row]) == (
         pytest.approx(math.sqrt(1 / 7))
     )
     # A scale given by the caller (the trainer's batch std) wins: σ_tr = 0.5 -> A's step 0 = 1 + (1/6)/0.5 = 1.3333
-    given = progpo_advantages(toy_group(), transition_std=0.5, **options)
+    given = group_credit("progpo", toy_group(), transition_std=0.5, **options)
     assert given[0][0] == pytest.approx(4 / 3)
 
 
 def test_smoothed_potentials():
     # Beta(1, 1): Φ̂ = (succ + 1)/(n + 2):  s0: 3/6 = 0.5;  s1: 3/5 = 0.6;  s2: 1/3.
     # A^tr (γ = 1): A: [0.6 − 0.5, 1 − 0.6] = [0.1, 0.4];  B: [0.1, 0 − 0.6];  C: [1/3 − 0.5, 0 − 1/3] = [−1/6, −1/3].
-    parts = progpo_parts(toy_group(), gamma=1.0, max_depth=0, smoothing=True)
+    parts = parts_of(toy_group(), gamma=1.0, potential_depth=0, potential_smoothing=True)
     assert_close(parts.potentials, [[0.5, 0.6], [0.5, 0.6], [0.5, 1 / 3], [0.5, 0.6]])
     assert_close(parts.transition, [[0.1, 0.4], [0.1, -0.6], [-1 / 6, -1 / 3], [0.1, 0.4]])
 
@@ -140,11 +147,11 @@ def test_fusion_across_history_depths():
         episode(["s0", "sB", "s1"], ["d", "b", "c"], False),
         episode(["s0", "sA", "s1"], ["a", "b", "c"], True),
     )
-    parts = progpo_parts(group, gamma=1.0, max_depth=1, smoothing=True, variance_floor=1e-12)
+    parts = parts_of(group, gamma=1.0, potential_depth=1, potential_smoothing=True, potential_variance_floor=1e-12)
     assert_close(parts.potentials, [[0.5, 0.75, 0.6], [0.5, 0.25, 0.4], [0.5, 0.25, 0.4], [0.5, 0.75, 0.6]])
     assert_close(parts.transition, [[0.25, -0.15, 0.4], [-0.25, 0.15, -0.4], [-0.25, 0.15, -0.4], [0.25, -0.15, 0.4]])
     # K = 0 ignores the history: Φ(s1) = 0.5 for both paths.
-    flat = progpo_parts(group, gamma=1.0, max_depth=0, smoothing=True, variance_floor=1e-12)
+    flat = parts_of(group, gamma=1.0, potential_depth=0, potential_smoothing=True, potential_variance_floor=1e-12)
     assert flat.potentials[0][2] == pytest.approx(0.5) and flat.potentials[1][2] == pytest.approx(0.5)
 
 
@@ -157,10 +164,10 @@ def test_interaction_prefix_versus_action_prefix():
         episode(["s0", "y"], ["a", "b"], True),
     )
     # "interaction": t = 1 peers are {P, Q} (same observation x): mean 0.5 -> ±0.5; R alone -> 0.
-    interaction = progpo_parts(group, mode="mean_norm", prefix="interaction", **EXACT)
+    interaction = parts_of(group, progpo_mode="mean_norm", prefix="interaction", **EXACT)
     assert [row[1] for row in interaction.peer] == pytest.approx([0.5, -0.5, 0.0])
     # "actions": all three share the action prefix (a): mean 2/3 -> [1/3, −2/3, 1/3].
-    actions = progpo_parts(group, mode="mean_norm", prefix="actions", **EXACT)
+    actions = parts_of(group, progpo_mode="mean_norm", prefix="actions", **EXACT)
     assert [row[1] for row in actions.peer] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
 
 
@@ -175,7 +182,7 @@ def test_canonical_action_prefers_the_parsed_action():
     second = episode(["s0", "s1"], ["I go up", "b"], False)
     for traj in (first, second):
         traj.steps[0].info = {"action": "up"}
-    parts = progpo_parts(group_of(first, second), mode="mean_norm", **EXACT)
+    parts = parts_of(group_of(first, second), progpo_mode="mean_norm", **EXACT)
     assert [row[1] for row in parts.peer] == pytest.approx([0.5, -0.5])
 
 
@@ -187,7 +194,7 @@ def test_invalid_action_penalty():
         episode(["s0", "s0"], ["a", "b"], True, valid=[False, True]),
         episode(["s0", "s1"], ["c", "d"], False),
     )
-    parts = progpo_parts(group, mode="mean_norm", invalid_penalty=0.1, **EXACT)
+    parts = parts_of(group, progpo_mode="mean_norm", invalid_action_penalty=0.1, **EXACT)
     assert_close(parts.episode, [[0.4, 0.5], [-0.5, -0.5]])
     assert_close(parts.peer, [[0.45, 0.0], [-0.45, 0.0]])
 
@@ -202,18 +209,18 @@ def test_without_peer_and_transition_terms_progpo_is_dr_grpo():
         for won in (True, False, False, True, False)
     ]
     group = group_of(*trajectories)
-    progpo = progpo_advantages(group, mode="mean_norm", peer_weight=0.0, transition_weight=0.0)
-    assert_close(progpo, grpo_advantages(group, scale="none"), tol=1e-12)
+    progpo = group_credit("progpo", group, progpo_mode="mean_norm", peer_weight=0.0, transition_weight=0.0)
+    assert_close(progpo, group_credit("grpo", group, scale_rewards="none"), tol=1e-12)
 
 
 @pytest.mark.parametrize("reward", [0.0, 1.0])
-@pytest.mark.parametrize("options", [{}, {"mode": "mean_norm", "transition_norm": "none"}, {"max_depth": 0}])
+@pytest.mark.parametrize("options", [{}, {"progpo_mode": "mean_norm", "transition_norm": "none"}, {"potential_depth": 0}])
 def test_all_equal_rewards_give_zero(reward, options):
     # Identical outcomes and step rewards: no episode contrast, no peer contrast, and no transition credit (the
     # documented rule: a group without outcome contrast gets A^tr ≡ 0, even with γ < 1 and smoothing).
     won = reward > 0
     group = group_of(*(episode(["s0", f"t{i}", "s9"], ["a", f"b{i}", "c"], won, [reward] * 3) for i in range(4)))
-    advantages = progpo_advantages(group, **options)
+    advantages = group_credit("progpo", group, **options)
     assert advantages == [[0.0] * 3] * 4
 
 
@@ -230,57 +237,58 @@ def test_permuting_trajectories_permutes_advantages():
             )
         )
     order = [3, 0, 5, 1, 4, 2]
-    for options in ({}, {"mode": "mean_norm", "statistic": "step_rows", "prefix": "actions"}):
-        advantages = progpo_advantages(group_of(*trajectories), **options)
-        permuted = progpo_advantages(group_of(*(trajectories[i] for i in order)), **options)
+    for options in ({}, {"progpo_mode": "mean_norm", "episode_statistic": "step_rows", "prefix": "actions"}):
+        advantages = group_credit("progpo", group_of(*trajectories), **options)
+        permuted = group_credit("progpo", group_of(*(trajectories[i] for i in order)), **options)
         assert_close(permuted, [advantages[i] for i in order], tol=1e-12)
 
 
 def test_edge_cases_are_finite():
-    assert progpo_advantages(group_of()) == []
-    assert progpo_advantages(group_of(Trajectory(task={}))) == [[]]
-    mixed = progpo_advantages(group_of(Trajectory(task={}), episode(["s0", "s1"], ["a", "b"], True)))
+    assert group_credit("progpo", group_of()) == []
+    assert group_credit("progpo", group_of(Trajectory(task={}))) == [[]]
+    mixed = group_credit("progpo", group_of(Trajectory(task={}), episode(["s0", "s1"], ["a", "b"], True)))
     assert [len(row) for row in mixed] == [0, 2] and all_finite(mixed)
     # A singleton group: no contrast at all -> 0 (minus λ on invalid steps).
-    assert progpo_advantages(group_of(episode(["s0", "s1"], ["a", "b"], True))) == [[0.0, 0.0]]
-    assert progpo_advantages(group_of(episode(["s0"], ["a"], True, valid=[False]))) == [[-0.1]]
+    assert group_credit("progpo", group_of(episode(["s0", "s1"], ["a", "b"], True))) == [[0.0, 0.0]]
+    assert group_credit("progpo", group_of(episode(["s0"], ["a"], True, valid=[False]))) == [[-0.1]]
     # Length-1 episodes: A^tr = γ·outcome − Φ(s0).
-    one_step = progpo_advantages(group_of(*(episode(["s0"], ["a"], won) for won in (True, False, False))))
+    one_step = group_credit("progpo", group_of(*(episode(["s0"], ["a"], won) for won in (True, False, False))))
     assert all_finite(one_step) and one_step[0][0] > 0 > one_step[1][0]
     # All actions invalid, mixed outcomes, every setting.
     invalid = group_of(*(episode(["s0", "s0"], ["x", "y"], won, valid=[False, False]) for won in (True, False)))
-    for options in ({}, {"smoothing": False, "max_depth": 0}, {"statistic": "step_rows"}, {"prefix": "actions"}):
-        assert all_finite(progpo_advantages(invalid, **options))
+    for options in ({}, {"potential_smoothing": False, "potential_depth": 0}, {"episode_statistic": "step_rows"},
+                    {"prefix": "actions"}):
+        assert all_finite(group_credit("progpo", invalid, **options))
 
 
 def test_bad_arguments_are_rejected():
     group = toy_group()
     for options, field in [
-        ({"mode": "std"}, "mode"),
+        ({"progpo_mode": "std"}, "mode"),
         ({"prefix": "history"}, "prefix"),
         ({"anchor": "hash"}, "anchor"),
         ({"gamma": 1.5}, "gamma"),
-        ({"max_depth": -1}, "max_depth"),
-        ({"variance_floor": 0.0}, "variance_floor"),
-        ({"transition_norm": "batch"}, "transition_norm"),
+        ({"potential_depth": -1}, "max_depth"),
+        ({"potential_variance_floor": 0.0}, "variance_floor"),
+        ({"transition_norm": "global"}, "transition_norm"),
         ({"transition_std": 0.0}, "transition scale"),
-        ({"invalid_penalty": float("nan")}, "invalid_penalty"),
+        ({"invalid_action_penalty": float("nan")}, "invalid_penalty"),
     ]:
         with pytest.raises(ValueError, match=field):
-            progpo_advantages(group, **options)
+            group_credit("progpo", group, **options)
     with pytest.raises(ValueError, match="non-finite"):
-        progpo_advantages(group_of(episode(["s0"], ["a"], True, rewards=[float("inf")])))
+        group_credit("progpo", group_of(episode(["s0"], ["a"], True, rewards=[float("inf")])))
 
 
 def test_combine_parts_weights():
-    parts = progpo_parts(toy_group(), mode="mean_norm", **EXACT)
+    parts = parts_of(toy_group(), progpo_mode="mean_norm", **EXACT)
     only_transition = combine_parts(parts, peer_weight=0.0, transition_weight=2.0, scale=1.0)
     # A's step 0: A^E 0.5 + 2·(1/6) = 0.8333
     assert only_transition[0][0] == pytest.approx(0.5 + 2 / 6)
 
 
 def test_registry_and_docstrings():
-    assert get_estimator("progpo") is progpo_advantages
+    assert get_estimator("progpo").function is progpo_advantages
     assert doctest.testmod(credit_progpo).failed == 0
 
 

@@ -13,9 +13,9 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_credit_and_stats, group_of
 
-from trl_agents.credit import get_estimator, gigpo_advantages
+from trl_agents.credit import get_estimator
 from trl_agents.credit import scpo as credit_scpo
 from trl_agents.credit.scpo import (
     SCORERS,
@@ -28,7 +28,6 @@ from trl_agents.credit.scpo import (
     progress_rewards,
     register_scorer,
     scpo_advantages,
-    scpo_advantages_with_stats,
     shaped_group,
 )
 from trl_agents.envs import AgentEnv, register_env
@@ -93,7 +92,7 @@ def test_no_success_means_no_shaping_and_plain_gigpo():
     group = group_of(episode(["s0", "s1"], ["a", "b"], False), episode(["s0", "s2"], ["a", "c"], False, 0.5))
     shaping, stats = progress_rewards(group, same_observation)
     assert shaping == [[0.0, 0.0], [0.0, 0.0]] and stats["shaped"] == 0.0
-    assert scpo_advantages(group, scorer=same_observation) == gigpo_advantages(group)
+    assert group_credit("scpo", group, scpo_scorer=same_observation) == group_credit("gigpo", group)
 
 
 def test_scpo_advantages_hand_computed():
@@ -107,14 +106,14 @@ def test_scpo_advantages_hand_computed():
     a = Trajectory(task={}, steps=[Step("s0", "up"), Step("s1", "up", reward=1.0)], success=True)
     b = Trajectory(task={}, steps=[Step("s0", "up"), Step("s1", "down")])
     group = group_of(a, b)
-    options = {"scorer": "exact", "gamma": 1.0}
-    assert_close(scpo_advantages(group, **options), [[0.75, 0.875], [-0.75, -0.875]])
-    assert_close(scpo_advantages(group, shaping_level="step", **options), [[0.875, 1.0], [-0.875, -1.0]])
-    assert_close(scpo_advantages(group, progress_coef=0.0, **options), [[1.0, 1.0], [-1.0, -1.0]])
-    assert_close(gigpo_advantages(group, gamma=1.0), [[1.0, 1.0], [-1.0, -1.0]])
+    options = {"scpo_scorer": "exact", "gamma": 1.0}
+    assert_close(group_credit("scpo", group, **options), [[0.75, 0.875], [-0.75, -0.875]])
+    assert_close(group_credit("scpo", group, shaping_level="step", **options), [[0.875, 1.0], [-0.875, -1.0]])
+    assert_close(group_credit("scpo", group, progress_coef=0.0, **options), [[1.0, 1.0], [-1.0, -1.0]])
+    assert_close(group_credit("gigpo", group, gamma=1.0), [[1.0, 1.0], [-1.0, -1.0]])
     # mean_std_norm, episode_and_step: A^E over [1, 1, 0.25, 0.25]: std sqrt(4·0.140625/3) = 0.4330 -> ±0.8660;
     # A^S: s0 {1, 0.25}: std 0.5303 -> ±0.7071; s1 {1, 0}: std 0.7071 -> ±0.7071 -> A = ±[1.5731, 1.5731]
-    assert_close(scpo_advantages(group, mode="mean_std_norm", **options), [[1.5731, 1.5731], [-1.5731, -1.5731]])
+    assert_close(group_credit("scpo", group, gigpo_mode="mean_std_norm", **options), [[1.5731, 1.5731], [-1.5731, -1.5731]])
 
 
 # ---------------------------------------------------------------- scorers
@@ -238,11 +237,12 @@ def test_shaping_is_bounded_and_only_on_failed_episodes():
 
 
 @pytest.mark.parametrize("won", [False, True])
-@pytest.mark.parametrize("options", [{}, {"mode": "mean_std_norm"}, {"shaping_level": "step"}, {"scorer": "exact"}])
+@pytest.mark.parametrize("options", [{}, {"gigpo_mode": "mean_std_norm"}, {"shaping_level": "step"},
+                                     {"scpo_scorer": "exact"}])
 def test_all_equal_rewards_give_zero(won, options):
     # All failed (no sibling: plain GiGPO) or all won (nothing to shape): equal returns give A ≡ 0.
     group = group_of(*(episode(["s0", f"t{i}"], ["a", f"b{i}"], won) for i in range(4)))
-    assert scpo_advantages(group, **options) == [[0.0, 0.0]] * 4
+    assert group_credit("scpo", group, **options) == [[0.0, 0.0]] * 4
 
 
 def test_permuting_trajectories_permutes_advantages():
@@ -254,41 +254,43 @@ def test_permuting_trajectories_permutes_advantages():
                                     [rng.choice("ab") for _ in range(length)], rng.random() < 0.4,
                                     valid=[rng.random() > 0.2 for _ in range(length)]))
     order = [3, 0, 5, 1, 4, 2]
-    settings = ({}, {"scorer": "exact", "shaping_level": "step"}, {"scorer": "difflib", "sibling": "highest_return"})
+    settings = ({}, {"scpo_scorer": "exact", "shaping_level": "step"},
+                {"scpo_scorer": "difflib", "sibling": "highest_return"})
     for options in settings:
-        advantages = scpo_advantages(group_of(*trajectories), **options)
-        permuted = scpo_advantages(group_of(*(trajectories[i] for i in order)), **options)
+        advantages = group_credit("scpo", group_of(*trajectories), **options)
+        permuted = group_credit("scpo", group_of(*(trajectories[i] for i in order)), **options)
         assert_close(permuted, [advantages[i] for i in order], tol=1e-12)
 
 
 def test_edge_cases_are_finite():
-    assert scpo_advantages(group_of()) == []
-    assert scpo_advantages(group_of(Trajectory(task={}))) == [[]]
-    mixed = scpo_advantages(group_of(Trajectory(task={}), episode(["s0", "s1"], ["a", "b"], True),
+    assert group_credit("scpo", group_of()) == []
+    assert group_credit("scpo", group_of(Trajectory(task={}))) == [[]]
+    mixed = group_credit("scpo", group_of(Trajectory(task={}), episode(["s0", "s1"], ["a", "b"], True),
                                      episode(["s0", "s1"], ["a", "c"], False)))
     assert [len(row) for row in mixed] == [0, 2, 2] and all_finite(mixed)
-    assert scpo_advantages(group_of(episode(["s0", "s1"], ["a", "b"], True))) == [[0.0, 0.0]]  # singleton
-    one_step = scpo_advantages(group_of(episode(["s0"], ["a"], True), episode(["s0"], ["a"], False)))
+    assert group_credit("scpo", group_of(episode(["s0", "s1"], ["a", "b"], True))) == [[0.0, 0.0]]  # singleton
+    one_step = group_credit("scpo", group_of(episode(["s0"], ["a"], True), episode(["s0"], ["a"], False)))
     assert all_finite(one_step)
     invalid = group_of(*(episode(["s0", "s0"], ["x", "y"], won, valid=[False, False]) for won in (True, False)))
-    for options in ({}, {"mode": "mean_std_norm"}, {"shaping_level": "step"}, {"statistic": "trajectories"}):
-        assert all_finite(scpo_advantages(invalid, **options))
+    for options in ({}, {"gigpo_mode": "mean_std_norm"}, {"shaping_level": "step"}, {"episode_statistic": "trajectories"}):
+        assert all_finite(group_credit("scpo", invalid, **options))
 
 
 def test_bad_arguments_are_rejected():
     group = spec_group()
-    for options, field in [({"threshold": 0.0}, "threshold"), ({"threshold": 1.5}, "threshold"),
+    for options, field in [({"progress_threshold": 0.0}, "threshold"), ({"progress_threshold": 1.5}, "threshold"),
                            ({"progress_coef": -1.0}, "progress_coef"), ({"sibling": "first"}, "sibling"),
-                           ({"shaping_level": "episode"}, "shaping_level"), ({"mode": "z"}, "mode"),
-                           ({"scorer": "bm25"}, "Unknown SCPO scorer"), ({"action_weight": 2.0}, "action_weight")]:
+                           ({"shaping_level": "episode"}, "shaping_level"), ({"gigpo_mode": "z"}, "mode"),
+                           ({"scpo_scorer": "bm25"}, "Unknown SCPO scorer"),
+                           ({"scorer_action_weight": 2.0}, "action_weight")]:
         with pytest.raises(ValueError, match=field):
-            scpo_advantages(group, **options)
+            group_credit("scpo", group, **options)
 
 
 def test_stats_and_registry_and_docstrings():
-    _, stats = scpo_advantages_with_stats(spec_group(), scorer=same_observation)
-    assert stats["shaped"] == 1.0 and stats["mean_progress"] == 0.75 and "num_anchor_groups" in stats
-    assert get_estimator("scpo") is scpo_advantages
+    _, stats = group_credit_and_stats("scpo", spec_group(), scpo_scorer=same_observation)
+    assert stats["shaped_group_fraction"] == 1.0 and stats["mean_progress"] == 0.75 and "num_anchor_groups" in stats
+    assert get_estimator("scpo").function is scpo_advantages
     assert doctest.testmod(credit_scpo).failed == 0
 
 

@@ -15,17 +15,17 @@ import random
 import pytest
 import torch
 from datasets import Dataset
-from helpers import all_finite, assert_close, group_of
+from helpers import all_finite, assert_close, group_credit, group_of
 
-from trl_agents.credit import get_estimator, grpo_advantages
+from trl_agents.credit import get_estimator, stat_means
 from trl_agents.credit import vict as credit_vict
 from trl_agents.credit.vict import (
     ABSTAIN_REASONS,
     Trace,
+    VICTParams,
     redistribute,
     trace_proof_edges,
     vict_advantages,
-    vict_advantages_with_stats,
 )
 from trl_agents.envs import make_env
 from trl_agents.envs.base import VerifierAtom
@@ -33,6 +33,17 @@ from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import vict as trainer_vict
 from trl_agents.trainers.vict import VICTConfig, VICTTrainer
 from trl_agents.trajectory import RolloutBatch, Step, Trajectory
+
+
+def vict_with_stats(group, **params):
+    """VICT on one group with `VICTParams(**params)`: (advantages, its stats), the stats read back from their totals
+    and counts: the counts "trajectories", "abstained", "credited_steps", "traced_steps", "abstain/<reason>" and the
+    rates "abstention_rate", "mean_credited_steps", "credited_step_fraction"."""
+    (advantages,), stats = vict_advantages([group], VICTParams(**params))
+    (abstained, trajectories), (credited, traced_steps) = stats["abstention_rate"], stats["credited_step_fraction"]
+    counts = {"trajectories": trajectories, "abstained": abstained, "credited_steps": credited,
+              "traced_steps": traced_steps, **{f"abstain/{r}": stats[f"abstain/{r}"][0] for r in ABSTAIN_REASONS}}
+    return advantages, {**stat_means(stats), **counts}
 
 TOL = 1e-4
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
@@ -69,13 +80,13 @@ def spec_group(success_atoms=(K1, K2)):
 
 def test_spec_case_success_and_failure():
     # success: E = {1, 3}, A·T/|E| = 1·4/2 = 2 on steps 1 and 3; failure: E = {2}, −1·4/1 = −4 on step 2
-    assert vict_advantages(spec_group(), scale="none") == [[0.0, 2.0, 0.0, 2.0], [0.0, 0.0, -4.0, 0.0]]
+    assert group_credit("vict", spec_group(), scale_rewards="none") == [[0.0, 2.0, 0.0, 2.0], [0.0, 0.0, -4.0, 0.0]]
 
 
 def test_spec_case_dependency_before_atom_abstains():
     # k2 witnessed at t=0, before its dependency k1 (t=1): the edge is not dependency-valid -> broadcast [1, 1, 1, 1]
     early = atom("k2", "sat", 0, ["k1"])
-    advantages, stats = vict_advantages_with_stats(spec_group((K1, early)), scale="none")
+    advantages, stats = vict_with_stats(spec_group((K1, early)), scale_rewards="none")
     assert advantages == [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, -4.0, 0.0]]
     assert stats["abstain/order"] == 1 and stats["abstained"] == 1 and stats["abstention_rate"] == 0.5
     assert stats["mean_credited_steps"] == 1.0  # only the failure is traced, with |E| = 1
@@ -102,13 +113,13 @@ def test_grpo_zscore_advantage_is_redistributed():
         episode(2, 0.0, False, None),
         episode(1, 1.0, True, None),
     )
-    assert_close(vict_advantages(group), [[1.29882, 0.0, 1.29882], [0.0, -1.73176], [-0.86588] * 2, [0.86588]])
+    assert_close(group_credit("vict", group), [[1.29882, 0.0, 1.29882], [0.0, -1.73176], [-0.86588] * 2, [0.86588]])
 
 
 def test_invalid_penalty_stays_on_its_step_after_redistribution():
     # spec group, step 0 of the success invalid: [0 − 0.1, 2, 0, 2]; the abstaining version: [1 − 0.1, 1, 1, 1]
     group = group_of(episode(4, 2.0, True, [K1, K2], invalid={0}), episode(4, 0.0, False, [K1, VIOLATED]))
-    assert_close(vict_advantages(group, scale="none", invalid_penalty=0.1), [[-0.1, 2, 0, 2], [0, 0, -4, 0]])
+    assert_close(group_credit("vict", group, scale_rewards="none", invalid_action_penalty=0.1), [[-0.1, 2, 0, 2], [0, 0, -4, 0]])
 
 
 def test_shared_witness_step_counts_once():
@@ -116,7 +127,7 @@ def test_shared_witness_step_counts_once():
     # A = 1 (returns (2, 0), scale none), T = 4: 4/2 = 2 on steps 1 and 2.
     atoms = [atom("holding", "sat", 1), atom("toggled", "sat", 2), atom("in_light", "sat", 2, ["holding", "toggled"])]
     group = group_of(episode(4, 2.0, True, atoms), episode(4, 0.0, False, None))
-    assert vict_advantages(group, scale="none")[0] == [0.0, 2.0, 2.0, 0.0]
+    assert group_credit("vict", group, scale_rewards="none")[0] == [0.0, 2.0, 2.0, 0.0]
 
 
 def test_failure_core_options():
@@ -126,9 +137,9 @@ def test_failure_core_options():
     assert trace_proof_edges(atoms, 4, False, failure_core="all_unsat") == Trace(core=("b", "c"), edge_steps=(1, 2))
     assert trace_proof_edges(atoms, 4, False, failure_core="none").abstain == "failure_not_traced"
     group = group_of(episode(4, 2.0, True, None), episode(4, 0.0, False, atoms))
-    assert vict_advantages(group, scale="none")[1] == [0.0, -4.0, 0.0, 0.0]  # −1·4/1
-    assert vict_advantages(group, scale="none", failure_core="all_unsat")[1] == [0.0, -2.0, -2.0, 0.0]  # −1·4/2
-    assert vict_advantages(group, scale="none", failure_core="none")[1] == [-1.0] * 4
+    assert group_credit("vict", group, scale_rewards="none")[1] == [0.0, -4.0, 0.0, 0.0]  # −1·4/1
+    assert group_credit("vict", group, scale_rewards="none", failure_core="all_unsat")[1] == [0.0, -2.0, -2.0, 0.0]  # −1·4/2
+    assert group_credit("vict", group, scale_rewards="none", failure_core="none")[1] == [-1.0] * 4
 
 
 def test_greedy_core_follows_dependency_order_not_list_order():
@@ -201,7 +212,7 @@ def test_abstain_reason_and_broadcast_fallback(reason, atoms, num_steps, success
     # In a group, the abstaining trajectory gets GRPO's broadcast credit: A = +1 (success) or −1 (failure).
     other = episode(num_steps, 0.0 if success else 2.0, not success, [atom("x", "unsat" if success else "sat", 0)])
     traj = episode(num_steps, 2.0 if success else 0.0, success, atoms)
-    advantages, stats = vict_advantages_with_stats(group_of(traj, other), scale="none")
+    advantages, stats = vict_with_stats(group_of(traj, other), scale_rewards="none")
     assert advantages[0] == [1.0 if success else -1.0] * num_steps
     assert stats[f"abstain/{reason}"] == 1 and stats["abstained"] == 1  # `other` is traced
 
@@ -234,16 +245,16 @@ def test_malformed_atoms_raise():
 def test_bad_arguments_are_rejected():
     group = spec_group()
     with pytest.raises(ValueError, match="scale"):
-        vict_advantages(group, scale="batch")
+        group_credit("vict", group, scale_rewards="batch")
     with pytest.raises(ValueError, match="failure_core"):
-        vict_advantages(group, failure_core="all")
+        group_credit("vict", group, failure_core="all")
     for share in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="edge_share"):
-            vict_advantages(group, edge_share=share)
+            group_credit("vict", group, edge_share=share)
     with pytest.raises(ValueError, match="eps"):
-        vict_advantages(group, eps=0.0)
+        group_credit("vict", group, eps=0.0)
     with pytest.raises(ValueError, match="non-finite"):
-        vict_advantages(group_of(episode(2, float("nan"), True, None)))
+        group_credit("vict", group_of(episode(2, float("nan"), True, None)))
     with pytest.raises(ValueError, match="edge steps"):
         redistribute(1.0, 3, [3])
 
@@ -279,8 +290,8 @@ def test_sums_match_grpo_broadcast(scale, edge_share):
     for _ in range(50):
         group = random_group(rng)
         before = copy.deepcopy(group)
-        advantages, stats = vict_advantages_with_stats(group, scale=scale, edge_share=edge_share, invalid_penalty=0.1)
-        broadcast = grpo_advantages(group, scale=scale, invalid_penalty=0.1)
+        advantages, stats = vict_with_stats(group, scale_rewards=scale, edge_share=edge_share, invalid_action_penalty=0.1)
+        broadcast = group_credit("grpo", group, scale_rewards=scale, invalid_action_penalty=0.1)
         for row, reference in zip(advantages, broadcast, strict=True):
             assert sum(row) == pytest.approx(sum(reference), abs=1e-9)
         assert sum(map(sum, advantages)) == pytest.approx(sum(map(sum, broadcast)), abs=1e-9)
@@ -294,7 +305,7 @@ def test_mean_over_steps_is_the_episode_advantage():
     rng = random.Random(1)
     for _ in range(20):
         group = random_group(rng, with_invalid=False)
-        for row, reference in zip(vict_advantages(group), grpo_advantages(group), strict=True):
+        for row, reference in zip(group_credit("vict", group), group_credit("grpo", group), strict=True):
             assert sum(row) / len(row) == pytest.approx(reference[0], abs=1e-9)
 
 
@@ -302,17 +313,17 @@ def test_no_atoms_or_zero_share_is_exactly_grpo():
     rng = random.Random(2)
     for _ in range(10):
         group = random_group(rng)
-        assert vict_advantages(group, edge_share=0.0) == grpo_advantages(group)
+        assert group_credit("vict", group, edge_share=0.0) == group_credit("grpo", group)
         for traj in group.trajectories:
             traj.steps[-1].signals.pop("verifier_atoms", None)
-        assert vict_advantages(group) == grpo_advantages(group)
+        assert group_credit("vict", group) == group_credit("grpo", group)
 
 
 def test_traced_credit_lands_only_on_edge_steps():
     rng = random.Random(3)
     for _ in range(30):
         group = random_group(rng, with_invalid=False)
-        advantages = vict_advantages(group, scale="none")
+        advantages = group_credit("vict", group, scale_rewards="none")
         for traj, row in zip(group.trajectories, advantages, strict=True):
             trace = trace_proof_edges(traj.steps[-1].signals.get("verifier_atoms"), len(traj.steps), traj.success)
             if trace.abstain is None:
@@ -326,8 +337,8 @@ def test_traced_credit_lands_only_on_edge_steps():
 def test_permuting_trajectories_permutes_advantages(failure_core):
     group = random_group(random.Random(4), size=7)
     order = [3, 0, 6, 5, 1, 4, 2]
-    advantages = vict_advantages(group, failure_core=failure_core)
-    permuted = vict_advantages(group_of(*(group.trajectories[i] for i in order)), failure_core=failure_core)
+    advantages = group_credit("vict", group, failure_core=failure_core)
+    permuted = group_credit("vict", group_of(*(group.trajectories[i] for i in order)), failure_core=failure_core)
     assert permuted == [advantages[i] for i in order]
 
 
@@ -335,37 +346,37 @@ def test_all_equal_rewards_give_zero_except_the_penalty():
     # Every A_i is 0, so redistribution moves nothing; only invalid steps carry −λ.
     atoms = [atom("k1", "sat", 0), atom("k2", "sat", 1, ["k1"])]
     group = group_of(episode(2, 1.0, True, atoms), episode(3, 1.0, True, atoms, invalid={2}))
-    assert vict_advantages(group) == [[0.0, 0.0], [0.0, 0.0, -0.1]]
+    assert group_credit("vict", group) == [[0.0, 0.0], [0.0, 0.0, -0.1]]
 
 
 def test_singleton_empty_and_zero_step_groups():
-    assert vict_advantages(group_of()) == []
-    _, stats = vict_advantages_with_stats(group_of())
+    assert group_credit("vict", group_of()) == []
+    _, stats = vict_with_stats(group_of())
     assert stats["trajectories"] == 0 and stats["abstention_rate"] == 0.0 and stats["mean_credited_steps"] == 0.0
-    assert vict_advantages(group_of(Trajectory(task={}))) == [[]]
-    single = vict_advantages(group_of(episode(4, 1.0, True, [K1, K2])))
+    assert group_credit("vict", group_of(Trajectory(task={}))) == [[]]
+    single = group_credit("vict", group_of(episode(4, 1.0, True, [K1, K2])))
     assert single == [[0.0, 0.0, 0.0, 0.0]] and all_finite(single)  # A = 0 for a group of one
-    mixed = vict_advantages(group_of(Trajectory(task={}), episode(4, 2.0, True, [K1, K2]), episode(4, 0.0, False, None)))
+    mixed = group_credit("vict", group_of(Trajectory(task={}), episode(4, 2.0, True, [K1, K2]), episode(4, 0.0, False, None)))
     assert [len(row) for row in mixed] == [0, 4, 4] and all_finite(mixed)
 
 
 def test_length_one_trajectories():
     # T = 1, E = {0}: A·1/1 = A, the broadcast value.
     group = group_of(episode(1, 1.0, True, [atom("k", "sat", 0)]), episode(1, 0.0, False, [atom("k", "unsat", 0)]))
-    assert vict_advantages(group, scale="none") == [[0.5], [-0.5]]
+    assert group_credit("vict", group, scale_rewards="none") == [[0.5], [-0.5]]
 
 
 def test_all_invalid_actions():
     # Nothing parsed: no atom has a witness -> abstain, broadcast minus λ on every step; returns (0, 0) -> A = 0.
     atoms = [atom("k1", "unsat"), atom("k2", "unsat", None, ["k1"])]
     group = group_of(*(episode(3, 0.0, False, atoms, invalid={0, 1, 2}) for _ in range(3)))
-    advantages, stats = vict_advantages_with_stats(group)
+    advantages, stats = vict_with_stats(group)
     assert advantages == [[-0.1, -0.1, -0.1]] * 3 and all_finite(advantages)
     assert stats["abstention_rate"] == 1.0 and stats["abstain/missing_witness"] == 3
 
 
 def test_registry():
-    assert get_estimator("vict") is vict_advantages
+    assert get_estimator("vict").function is vict_advantages
 
 
 @pytest.mark.parametrize("module", [credit_vict, trainer_vict])
@@ -419,10 +430,10 @@ def test_searchqa_episodes_through_the_engine_credit_the_witness_steps(scripted,
     # Expert with detour: 0.5·4/3 = 0.6667 on the witness steps 1-3, 0 on the detour; wrong answer: −0.5·4 = −2 on
     # the answer step; the two abstaining episodes keep ±0.5 everywhere.
     expected = [[0.0, 2 / 3, 2 / 3, 2 / 3], [0.0, 0.0, 0.0, -2.0], [-0.5] * 4, [0.5] * 4]
-    assert_close(vict_advantages(group, scale="none"), expected)
+    assert_close(group_credit("vict", group, scale_rewards="none"), expected)
     # The atoms survive the flat row format (JSON in `info`), as in saved trajectories.
     reloaded = RolloutBatch.from_rows(batch.to_rows()).groups[0]
-    assert_close(vict_advantages(reloaded, scale="none"), expected)
+    assert_close(group_credit("vict", reloaded, scale_rewards="none"), expected)
 
 
 def test_webshop_lite_verify_output_credits_the_witness_steps():
@@ -450,7 +461,7 @@ def test_webshop_lite_verify_output_credits_the_witness_steps():
     # Binary-like outcome with scale none on returns (1.0, 0.75): A = ±0.125.
     # Expert: 0.125·7/5 = 0.175 on steps 0, 1, 4, 5, 6. Wrong scent: −0.125·7 = −0.875 on step 4.
     assert_close(
-        vict_advantages(group_of(expert, wrong), scale="none"),
+        group_credit("vict", group_of(expert, wrong), scale_rewards="none"),
         [[0.175, 0.175, 0, 0, 0.175, 0.175, 0.175], [0, 0, 0, 0, -0.875, 0, 0]],
     )
 

@@ -11,10 +11,9 @@ import math
 
 import pytest
 from datasets import Dataset
-from helpers import train_and_check_moved
+from helpers import group_credit, train_and_check_moved
 
 from trl_agents.callbacks import DarkRoomMonitor
-from trl_agents.credit.grpo import grpo_advantages
 from trl_agents.distill.dark_room import (
     collapse_diagnostics,
     dense_share,
@@ -48,18 +47,18 @@ def test_proposition_z_scored_advantages_do_not_depend_on_c():
     # All-fail group (R ≡ 0) with prediction scores p = [0.2, 0.4, 0.6]: R' = c·p.
     # mean c·0.4; Bessel std of c·p = c·sqrt(((−.2)² + 0 + .2²)/2) = c·0.2; TRL/our ε = 1e-4.
     p = [0.2, 0.4, 0.6]
-    z1 = grpo_advantages(group_of([1.0 * x for x in p]))  # c = 1:    ±0.2/(0.2 + 1e-4)   = ±0.99950
-    z001 = grpo_advantages(group_of([0.01 * x for x in p]))  # c = 0.01: ±0.002/(0.002 + 1e-4) = ±0.95238
+    z1 = group_credit("grpo", group_of([1.0 * x for x in p]))  # c = 1:    ±0.2/(0.2 + 1e-4)   = ±0.99950
+    z001 = group_credit("grpo", group_of([0.01 * x for x in p]))  # c = 0.01: ±0.002/(0.002 + 1e-4) = ±0.95238
     assert [a[0] for a in z1] == pytest.approx([-0.9995, 0.0, 0.9995], abs=1e-4)
     assert [a[0] for a in z001] == pytest.approx([-0.9524, 0.0, 0.9524], abs=1e-4)
     # They differ only through ε: with ε → 0 both are exactly (p − p̄)/σ_p = [−1, 0, 1]
     tiny = 1e-12
     for c in (1.0, 0.01):
-        values = [a[0] for a in grpo_advantages(group_of([c * x for x in p]), eps=tiny)]
+        values = [a[0] for a in group_credit("grpo", group_of([c * x for x in p]), eps=tiny)]
         assert values == pytest.approx([-1.0, 0.0, 1.0], abs=1e-8)
     # Mean-only (scale_rewards="none"): A = c·(p − p̄) scales with c
-    assert [a[0] for a in grpo_advantages(group_of(p), scale="none")] == pytest.approx([-0.2, 0.0, 0.2])
-    assert [a[0] for a in grpo_advantages(group_of([0.01 * x for x in p]), scale="none")] == pytest.approx(
+    assert [a[0] for a in group_credit("grpo", group_of(p), scale_rewards="none")] == pytest.approx([-0.2, 0.0, 0.2])
+    assert [a[0] for a in group_credit("grpo", group_of([0.01 * x for x in p]), scale_rewards="none")] == pytest.approx(
         [-0.002, 0.0, 0.002])
 
 
@@ -109,7 +108,7 @@ def test_diagnostics_and_advantages_are_finite_on_degenerate_groups(returns):
     stats = collapse_diagnostics([group], horizon=3)
     for value in stats.values():
         assert value is None or math.isfinite(value)
-    for values in grpo_advantages(shaped_group(group, [[0.5]] * len(returns), 1.0)):
+    for values in group_credit("grpo", shaped_group(group, [[0.5]] * len(returns), 1.0)):
         assert all(math.isfinite(v) for v in values)
     shares = dense_share(returns, [0.5] * len(returns))
     assert shares["share"] == 0.0 and shares["dense_variance"] == 0.0

@@ -12,21 +12,32 @@ import random
 
 import pytest
 import torch
+from helpers import group_credit
 
-from trl_agents.credit import get_estimator
 from trl_agents.distill import ocsd
 from trl_agents.distill.ocsd import (
     SIGNAL_NAME,
     check_beta,
     check_scaffold,
+    OCSDParams,
     modulate_advantage,
     num_selected,
-    ocsd_advantages_with_stats,
+    ocsd_advantages,
     residual_gate,
     select_steps,
     step_uncertainty,
 )
 from trl_agents.trajectory import Group, Step, Trajectory
+
+
+def ocsd_with_counts(groups, outcome_advantages, **params):
+    """OCSD on `groups` modulating `outcome_advantages`, with `OCSDParams(**params)`: (advantages, the totals behind its
+    stats: steps, selected, tokens, abs_q, residual, finite, abs_change)."""
+    advantages, stats = ocsd_advantages(groups, OCSDParams(outcome_advantages=outcome_advantages, **params))
+    (selected, steps), (abs_q, tokens), (residual, finite) = (
+        stats["selected_fraction"], stats["mean_abs_q"], stats["mean_residual"])
+    return advantages, {"steps": steps, "selected": selected, "tokens": tokens, "abs_q": abs_q, "residual": residual,
+                        "finite": finite, "abs_change": stats["mean_abs_advantage_change"][0]}
 
 
 def test_doctests():
@@ -92,10 +103,10 @@ def test_advantages_with_stats_by_hand():
     t1 = Trajectory({}, [Step("o", "x", action_ids=[1], reward=0.0, signals={SIGNAL_NAME: None}),
                          Step("o", "z", action_ids=[4, 5], reward=0.0, signals={SIGNAL_NAME: e1})])
     group = Group({}, [t0, t1])
-    base = [get_estimator("grpo")(group, invalid_penalty=0.0)]
+    base = [group_credit("grpo", group, invalid_action_penalty=0.0)]
     a = 1 / (math.sqrt(0.5) + 1e-4) * 0.5  # (R − μ)/(σ + ε) = 0.5 / 0.70721 = 0.70700
     assert base[0][0] == pytest.approx([a, a]) and base[0][1] == pytest.approx([-a, -a])
-    advantages, stats = ocsd_advantages_with_stats([group], base, beta=0.5)
+    advantages, stats = ocsd_with_counts([group], base, ocsd_beta=0.5)
     # Â = A + 0.5·|A|·q: episode 0, q = [0.7616, −0.4621] → a·[1.3808, 0.7689]; episode 1, q = [0, 0] → −a
     assert advantages[0][0][0] == pytest.approx([a * 1.380797, a * 0.768941], abs=1e-6)
     assert advantages[0][0][1] == pytest.approx(a)
@@ -121,8 +132,8 @@ def _group(returns, residual=(1.0,), valid=True, n_steps=2):
 
 
 def _run(groups, penalty=0.1, beta=0.5):
-    base = [get_estimator("grpo")(g, invalid_penalty=penalty) for g in groups]
-    return ocsd_advantages_with_stats(groups, base, beta=beta)
+    base = [group_credit("grpo", g, invalid_action_penalty=penalty) for g in groups]
+    return ocsd_with_counts(groups, base, ocsd_beta=beta)
 
 
 def _flat(advantages):

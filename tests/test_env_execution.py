@@ -575,7 +575,8 @@ def test_a_long_phase_without_a_timeout_is_reported_with_the_option_to_set(caplo
 
 
 def test_groups_shrunk_to_one_episode_are_not_trained_unless_asked():
-    from trl_agents.credit.gigpo import gigpo_advantages
+    from helpers import group_credit
+
     from trl_agents.training.credit_phase import trainable_groups
     from trl_agents.trajectory import Group, Step, Trajectory
 
@@ -588,4 +589,4 @@ def test_groups_shrunk_to_one_episode_are_not_trained_unless_asked():
     assert dropped == 1 and [len(g.trajectories) for g in kept] == [0, 2]
     # min_healthy_episodes=1 restores verl-agent's rule: the lone episode (mean 0, std 1) trains with its raw return
     kept, dropped = trainable_groups([shrunk, whole], 1)
-    assert dropped == 0 and gigpo_advantages(kept[0])[0][0] == pytest.approx(10.0)
+    assert dropped == 0 and group_credit("gigpo", kept[0])[0][0] == pytest.approx(10.0)

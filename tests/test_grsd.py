@@ -1,6 +1,7 @@
-"""GRSD's wiring (trainers/grsd.py) and the judges (trl_agents/judges.py): judges over a loopback HTTP server, start-up
-errors, the prompts, the post-rollout pipeline (reflections, judge, guidance, teacher only on mixed groups), the
-reflection term over micro-batches, and 2 training steps end to end on the tiny model.
+"""GRSD's wiring (trainers/grsd.py, its signal phase training/grsd_phase.py) and the judges (trl_agents/judges.py):
+judges over a loopback HTTP server, start-up errors, the prompts, the post-rollout pipeline (reflections, judge,
+guidance, teacher only on mixed groups), the reflection term over micro-batches, and 2 training steps end to end on
+the tiny model.
 
 The modulation math is in tests/test_distill_grsd.py.
 """
@@ -30,18 +31,17 @@ from trl_agents.judges import (
 )
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
-from trl_agents.trainers.grsd import (
+from trl_agents.trainers.grsd import GRSDConfig, GRSDTrainer
+from trl_agents.training.forward import sequence_logps
+from trl_agents.training.grsd_phase import (
     GUIDANCE,
     JUDGE_SCORE,
     REFLECTION,
     STUDENT,
-    GRSDConfig,
-    GRSDTrainer,
     episode_history,
     reflection_messages,
     reflection_share,
 )
-from trl_agents.training.forward import sequence_logps
 from trl_agents.trajectory import PromptParts, Step, Trajectory
 
 TASKS = [{"env": "test-keyword", "seed": s} for s in range(2)]
@@ -247,7 +247,7 @@ def test_a_long_reflection_prompt_shows_fewer_turns(tiny_model, tokenizer, tmp_p
     trainer = make_trainer(tiny_model, tokenizer, tmp_path, grsd_reflection_max_prompt_tokens=400)
     parts = PromptParts("Reach the goal.", "", (), "obs")
     steps = [Step("x" * 50, f"move {i}", prompt_parts=parts) for i in range(20)]
-    ids, turns = trainer._reflection_prompt(Trajectory(task={}, steps=steps))
+    ids, turns = trainer.grsd_phase.reflection_prompt(Trajectory(task={}, steps=steps))
     assert len(ids) <= 400 and 1 <= turns < 20
     assert f"Turn {turns} action: move {turns - 1}" in tokenizer.decode(ids)
     assert f"Turn {turns + 1} " not in tokenizer.decode(ids)
@@ -330,9 +330,11 @@ def test_the_modulation_changes_the_mixed_groups_advantages_only(tiny_model, tok
                            max_steps=1, grsd_g_max=3.0, learning_rate=0.0)
     trainer.train()
     mixed, plain = trainer.last_rollout.groups
-    from trl_agents.credit import get_estimator
+    from helpers import group_credit
 
-    grpo = get_estimator("grpo")
+    def grpo(group):
+        return group_credit("grpo", group)
+
     modulated = trainer.compute_advantages([mixed, plain])
     assert modulated[1] == grpo(plain)  # no mix: A unchanged (all failures: zeros)
     base = grpo(mixed)

@@ -49,7 +49,9 @@ def write_run_records(run_dir: Path, method: str = "gigpo", base_model: str = "Q
 
     config = {"env_name": "test-keyword", "max_turns": 2, "num_generations": 2, "learning_rate": 0.01,
               "step_advantage_w": 1.0, "system_prompt": "Say a | b"}
-    run_info = {"method": method, "env": "test-keyword", "model": base_model, "config": config,
+    from trl_agents.trainers import get_method
+
+    run_info = {"method": method, "method_card": get_method(method).card_info(), "env": "test-keyword", "model": base_model, "config": config,
                 "config_hash": "0123456789abcdef", "trl_agents_version": trl_agents.__version__,
                 "trl_version": "1.16.0", "created": "2026-01-02T03:04:05+00:00"}
     (run_dir / "run_info.json").write_text(json.dumps(run_info))

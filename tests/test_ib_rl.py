@@ -9,8 +9,9 @@ import math
 
 import pytest
 import torch
+from helpers import group_credit_and_stats
 
-from trl_agents.credit.ib_rl import group_advantages, ib_rl_advantages_with_stats, role_masks
+from trl_agents.credit.ib_rl import group_advantages, role_masks
 from trl_agents.envs import get_env_class
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers.ib_rl import ACTING_ROLE, IBRLConfig, IBRLTrainer, _rows
@@ -37,14 +38,14 @@ def test_hand_case_masks_and_independent_role_advantages():
     assert role_masks(["A", "A", "B", "B", "A"], ("A", "B")) == {"A": [1, 1, 0, 0, 1], "B": [0, 0, 1, 1, 0]}
     # G = 2 dialogues, r_A = [1, 0], r_B = [0, 1]: mean 0.5, Bessel std sqrt(0.5) = 0.7071, so ±0.5 / 0.7071.
     group = Group(task={}, trajectories=[dialogue("AABBA", 1.0, 0.0), dialogue("AABBA", 0.0, 1.0)])
-    values, stats = ib_rl_advantages_with_stats(group, ("A", "B"), eps=0.0)
+    values, stats = group_credit_and_stats("ib_rl", group, ib_rl_roles=("A", "B"), eps=0.0)
     a_a, a_b = [values[0][0], values[1][0]], [values[0][2], values[1][2]]
     assert a_a == pytest.approx([0.7071, -0.7071], abs=1e-4)  # A^A
     assert a_b == pytest.approx([-0.7071, 0.7071], abs=1e-4)  # A^B
     # every step carries its acting role's value: A, A, B, B, A
     assert values[0] == pytest.approx([0.7071, 0.7071, -0.7071, -0.7071, 0.7071], abs=1e-4)
     # TRL's ε = 1e-4: 0.5 / (0.70711 + 0.0001) = 0.70700
-    default, _ = ib_rl_advantages_with_stats(group, ("A", "B"))
+    default, _ = group_credit_and_stats("ib_rl", group, ib_rl_roles=("A", "B"))
     assert default[0][0] == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-4), abs=1e-9)
     assert stats["A/reward_mean"] == 0.5 and stats["A/turns"] == 6 and stats["B/turns"] == 4
     assert stats["A/zero_std"] == 0.0 and stats["A/advantage_std"] == pytest.approx(0.7071, abs=1e-4)
@@ -58,21 +59,22 @@ def test_guards_singletons_equal_rewards_missing_rewards_and_unknown_roles():
     assert group_advantages([1.0, 0.0], scale="none") == [0.5, -0.5]
     # Role B's rewards are equal (all failed): B's steps get 0 while A's still learn; B takes no turn in dialogue 2.
     group = Group(task={}, trajectories=[dialogue("AB", 1.0, 0.0), dialogue("A", 0.0, 0.0)])
-    values, stats = ib_rl_advantages_with_stats(group, ("A", "B"), eps=0.0)
+    values, stats = group_credit_and_stats("ib_rl", group, ib_rl_roles=("A", "B"), eps=0.0)
     assert values[0][1] == 0.0 and values[0][0] > 0 > values[1][0] and stats["B/zero_std"] == 1.0
     # a dialogue the turn budget cut (no role_rewards): 0 for both roles
     cut = Trajectory(task={}, steps=[Step("o", "x", info={"role": "A"})])
-    values, _ = ib_rl_advantages_with_stats(Group(task={}, trajectories=[dialogue("A", 1.0, 1.0), cut]), ("A", "B"),
-                                            eps=0.0)
+    values, _ = group_credit_and_stats("ib_rl", Group(task={}, trajectories=[dialogue("A", 1.0, 1.0), cut]),
+                                       ib_rl_roles=("A", "B"), eps=0.0)
     assert values == [[pytest.approx(0.7071, abs=1e-4)], [pytest.approx(-0.7071, abs=1e-4)]]
     # the invalid-action penalty on the rejected step only
-    values, _ = ib_rl_advantages_with_stats(
+    values, _ = group_credit_and_stats(
+        "ib_rl",
         Group(task={}, trajectories=[dialogue("AB", 1.0, 0.0, valid=[False, True]), dialogue("AB", 1.0, 0.0)]),
-        ("A", "B"), invalid_penalty=0.1)
+        ib_rl_roles=("A", "B"), invalid_action_penalty=0.1)
     assert values == [[-0.1, 0.0], [0.0, 0.0]]
-    assert ib_rl_advantages_with_stats(Group(task={}, trajectories=[]), ("A", "B"))[0] == []
+    assert group_credit_and_stats("ib_rl", Group(task={}, trajectories=[]), ib_rl_roles=("A", "B"))[0] == []
     with pytest.raises(ValueError, match="role 'C', not one of"):
-        ib_rl_advantages_with_stats(Group(task={}, trajectories=[dialogue("AC", 1.0, 0.0)]), ("A", "B"))
+        group_credit_and_stats("ib_rl", Group(task={}, trajectories=[dialogue("AC", 1.0, 0.0)]), ib_rl_roles=("A", "B"))
     with pytest.raises(ValueError, match="not among"):
         role_masks(["A", "C"], ("A", "B"))
 

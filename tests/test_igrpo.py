@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from trl_agents.credit.igrpo import GOLD_LIKELIHOOD, node_indices
 from trl_agents.envs import make_env
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
 from trl_agents.rollout.env_pool import EnvPool
 from trl_agents.rollout.topologies import get_topology
+from trl_agents.rollout.topologies.igrpo import GOLD_LIKELIHOOD, node_indices
 from trl_agents.signals.model import ModelSignalContext
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS

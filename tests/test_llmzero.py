@@ -15,7 +15,7 @@ import pytest
 from trl import ModelConfig
 
 from trl_agents.cli import main
-from trl_agents.credit.llmzero import (
+from trl_agents.strategy import (
     CAPACITY_PARAMS,
     REGULARISATION_PARAMS,
     RuleProposer,
@@ -447,7 +447,6 @@ def test_cli_train_with_llmzero_runs_the_search_and_search_wraps_any_config(monk
         return {"nodes": []}
 
     monkeypatch.setattr("trl_agents.search.run_search", fake_search)
-    monkeypatch.setattr(LLMZeroTrainer, "run_outer_loop", classmethod(lambda cls, r, c, m: fake_search(r, c, m)))
     main(["train", "--config", TINY, "--output_dir", str(tmp_path / "a"), "--search_budget", "5"])
     assert seen["run"].method == "llmzero" and seen["config"].search_budget == 5 and seen["search"] is None
     # `search` around another method's config: the controller's fields come from SearchArguments

@@ -73,7 +73,7 @@ def test_our_choices_are_documented_on_the_method_page(name):
     # Every field the method's config adds whose help says "our choice" is named in the page's "Our choices" (the
     # shared AgentGRPOConfig fields are documented in docs/concepts and docs/signals.md).
     method = METHODS[name]
-    shared = set(AgentGRPOTrainer._config_class.__dataclass_fields__)
+    shared = set(AgentGRPOTrainer.config_class.__dataclass_fields__)
     page = open(os.path.join(ROOT, method.docs)).read()
     section = page.split("## Our choices", 1)[1].split("\n## ", 1)[0]
     for field_name, field in method.config_class.__dataclass_fields__.items():
@@ -161,6 +161,57 @@ def test_no_trainer_but_agent_grpo_defines_a_trl_private_method():
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in private:
                         pytest.fail(f"{os.path.relpath(path, ROOT)}: {node.name}.{item.name} overrides TRL's "
                                     "private method; only trainers/agent_grpo.py may")
+
+
+def _private_attribute_names() -> tuple[set[str], set[str]]:
+    """(TRL's private names: class attributes of GRPOTrainer's classes and `self._x` they assign, AgentGRPOTrainer's
+    own private names: class attributes and `self._x` it assigns)."""
+    from trl import GRPOTrainer
+
+    from trl_agents.trainers import agent_grpo
+
+    def assigned(source: str) -> set[str]:
+        return {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id == "self" and isinstance(node.ctx, ast.Store)
+                and node.attr.startswith("_") and not node.attr.startswith("__")}
+
+    trl = set(_trl_private_names())
+    for cls in GRPOTrainer.__mro__:
+        module = inspect.getmodule(cls)
+        if module is not None and module.__name__.startswith(("trl.", "transformers.")):
+            trl |= assigned(inspect.getsource(module))
+    ours = {name for name in vars(agent_grpo.AgentGRPOTrainer) if name.startswith("_") and not name.startswith("__")}
+    ours |= assigned(open(agent_grpo.__file__).read())
+    return trl, ours
+
+
+def test_only_agent_grpo_reads_or_writes_private_trainer_attributes():
+    # TRL's private attributes (and AgentGRPOTrainer's) are touched in trainers/agent_grpo.py only, so that the
+    # contract test pins all of TRL we rely on; everything else goes through public hooks and accessors
+    # (`text_tokenizer`, `sampling_params`, `model_signal`, `install_lr_scheduler`, `card_metadata`, `config_class`).
+    # Class-level declarations (`_tag_names = [...]`, `_name = ...` in a trainer's body) are names, not attributes.
+    trl, ours = _private_attribute_names()
+    offenders = []
+    for path in sorted(glob.glob(os.path.join(SRC, "**", "*.py"), recursive=True)):
+        if path.endswith(os.path.join("trainers", "agent_grpo.py")):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr in trl | ours:
+                owner = "TRL" if node.attr in trl else "AgentGRPOTrainer"
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {owner}'s {node.attr}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_trainer_defines_a_removed_hook():
+    # Hooks of earlier versions that nothing calls any more: a trainer defining one would silently do nothing.
+    removed = {"prepare_signals", "record_signals", "advantages_with_stats"}
+    for path in sorted(glob.glob(os.path.join(SRC, "trainers", "*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ClassDef):
+                defined = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+                defined |= {t.id for item in node.body if isinstance(item, ast.Assign) for t in item.targets
+                            if isinstance(t, ast.Name)}
+                assert not defined & removed, f"{os.path.relpath(path, ROOT)}: {node.name} defines {defined & removed}"
 
 
 # A path outside the repository: the research notes, the build machine's folders, or going up from the repository.

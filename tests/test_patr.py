@@ -8,16 +8,15 @@ The math (GRPO over the leaves, the solver progress formula, the adapters) is in
 from __future__ import annotations
 
 import pytest
-from helpers import assert_close, train_and_check_moved
+from helpers import assert_close, group_credit, train_and_check_moved
 from test_grsd import JudgeServer
 
-from trl_agents.credit.patr import PRUNED, SCORE, patr_advantages, solver_progress
 from trl_agents.envs import AgentEnv, register_env
-from trl_agents.judges import JudgeUnavailable
+from trl_agents.judges import JudgeUnavailable, solver_progress
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
 from trl_agents.rollout.topologies import TOPOLOGIES, Launch, Topology, get_topology
 from trl_agents.rollout.topologies.base import Stop
-from trl_agents.rollout.topologies.patr import PATRTopology
+from trl_agents.rollout.topologies.patr import PRUNED, SCORE, PATRTopology
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.patr import PATRConfig, PATRTrainer, build_scorer
@@ -117,7 +116,7 @@ def test_the_tree_has_b_leaves_expands_the_argmax_prunes_and_shares_prefixes(tok
     assert batch.stats["topology/unscored_fraction"] == 0.0
     # GRPO over the leaves: returns [1, 1, 0 (pruned), 1]: mean 0.75, Bessel std 0.5 ⇒ +0.25/0.5001, −0.75/0.5001.
     up, down = 0.25 / (0.5 + 1e-4), -0.75 / (0.5 + 1e-4)
-    assert_close(patr_advantages(group), [[up] * 5, [up] * 5, [down] * 4, [up] * 5])
+    assert_close(group_credit("patr", group), [[up] * 5, [up] * 5, [down] * 4, [up] * 5])
     # A new rollout starts afresh.
     assert len(engine.run([{"env": "test-patr-walk", "seed": 1}], num_generations=4).groups[0].trajectories) == 4
 

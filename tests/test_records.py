@@ -253,7 +253,7 @@ def test_the_method_name_follows_the_trainer_class_and_its_defining_settings(tmp
     def method_of(trainer_class, config):
         trainer = trainer_class.__new__(trainer_class)  # (no model needed to name the method)
         trainer.args = config
-        return records._method_name(trainer)
+        return records.method_name(trainer)
 
     class MyTrainer(AgentGRPOTrainer):
         pass

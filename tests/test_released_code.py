@@ -15,22 +15,17 @@ from collections import defaultdict
 import pytest
 import torch
 
-from trl_agents.credit.appo import (
-    BranchPoint,
-    appo_advantages,
-    branching_scores,
-    future_kl_advantages,
-    future_values,
-    prefix_scale,
-)
-from trl_agents.credit.canopy import canopy_advantages
-from trl_agents.credit.dpepo import dpepo_advantages, weight_terms
-from trl_agents.credit.sspo import StateScoreTable, sspo_advantages, sspo_step_rewards
+from trl_agents.credit.appo import APPOParams, appo_advantages, future_kl_advantages, prefix_scale
+from trl_agents.credit.canopy import CANOPYParams, canopy_advantages
+from trl_agents.credit.dpepo import DPEPOParams, dpepo_advantages, weight_terms
+from trl_agents.credit.sspo import SSPOParams, sspo_advantages, sspo_step_rewards
 from trl_agents.credit.toolrl import off_policy_token_loss, shaped_off_policy_ratio
-from trl_agents.distill.adrs import adrs_advantages, adrs_eta_schedule
+from trl_agents.distill.adrs import ADRSParams, adrs_advantages, adrs_eta_schedule
 from trl_agents.distill.grsd import modulated_advantages, reflection_advantages, turn_logprob_gap
 from trl_agents.distill.opsd import generalized_jsd, masked_token_mean, sampled_token_distillation
 from trl_agents.distill.sdar import sdar_gate, sdar_token_terms
+from trl_agents.rollout.topologies.appo import BranchPoint, branching_scores, future_values
+from trl_agents.rollout.topologies.state_score import StateScoreTable
 from trl_agents.signals import Transition
 from trl_agents.trajectory import Group, Step, Trajectory
 
@@ -189,7 +184,7 @@ def test_appo_page_hand_case_matches_the_released_code():
                                          appo_rollout(2, [[5, 6, 7]], [1.0], parent=0),
                                          appo_rollout(3, [[5, 6, 7]], [0.0], parent=1)])
     points = [BranchPoint(0, 2, 0, 0, 1, 1, 1.0, (5, 6)), BranchPoint(0, 3, 1, 0, 1, 1, 1.0, (5, 6))]
-    ours, _ = appo_advantages(group, points, score_max=1.0)
+    (ours,), _ = appo_advantages([group], APPOParams(branch_points=[points], score_max=1.0))
     assert [per_token(row, t) for row, t in zip(ours, group.trajectories)] == [
         pytest.approx(row, abs=1e-9) for row in released]
 
@@ -221,7 +216,7 @@ def test_appo_page_hand_case_matches_the_released_code():
                                          appo_rollout(2, [[5, 6, 7], [8, 9]], [0.0, 1.0]), branch3,
                                          appo_rollout(4, [[5, 2, 2]], [1.0], parent=1)])
     points = [BranchPoint(0, 3, 0, 1, 0, 3, 1.0, (8,)), BranchPoint(0, 4, 1, 0, 0, 0, 0.5, (5,))]
-    ours, _ = appo_advantages(group, points)  # BS_max: the group's own (1); ε: the released 1e-6
+    (ours,), _ = appo_advantages([group], APPOParams(branch_points=[points]))  # BS_max: the group's own (1); ε: the released 1e-6
     assert [per_token(row, t) for row, t in zip(ours[:3], group.trajectories)] == [
         pytest.approx(row, abs=1e-9) for row in released[:3]]
     assert ours[3:] == [[0.0, 0.0], [0.0]]  # a branch trains nothing
@@ -230,7 +225,7 @@ def test_appo_page_hand_case_matches_the_released_code():
     # A_o = [0.90780, −1.39301, 0.48520].
     released = released_appo_advantages(rows, metas, score_max=2.0)
     assert [released[i][4] for i in range(3)] == pytest.approx([0.90780, -1.39301, 0.48520], abs=1e-5)
-    ours, _ = appo_advantages(group, points, score_max=2.0)
+    (ours,), _ = appo_advantages([group], APPOParams(branch_points=[points], score_max=2.0))
     assert [per_token(row, t) for row, t in zip(ours[:3], group.trajectories)] == [
         pytest.approx(row, abs=1e-9) for row in released[:3]]
 
@@ -395,7 +390,7 @@ def test_3spo_page_hand_case_matches_the_released_code():
                        ([Step("s0", "act", valid=False), Step("s0", "act"), Step("s3", "act")], False))
     rewards, _ = sspo_step_rewards(group, sspo_table())
     assert [rewards[0][0], rewards[1][0], rewards[2][0], rewards[2][1]] == pytest.approx([a0, b0, c0, c1], abs=1e-12)
-    ours = sspo_advantages(group, table=sspo_table())
+    (ours,), _ = sspo_advantages([group], SSPOParams(state_scores=sspo_table()))
     assert [a for row in ours for a in row] == pytest.approx(centred, abs=1e-12)
 
     # The state after a last action, looked up in the table: A': s0 -> s1 -> its last action reaches "goal" (never
@@ -410,7 +405,7 @@ def test_3spo_page_hand_case_matches_the_released_code():
                        ([keyed("s0"), keyed("s1", reached="s2")], False))
     rewards, _ = sspo_step_rewards(group, sspo_table())
     assert [r for row in rewards for r in row] == pytest.approx([a0, a1, a0, b1], abs=1e-12)
-    ours = sspo_advantages(group, table=sspo_table())
+    (ours,), _ = sspo_advantages([group], SSPOParams(state_scores=sspo_table()))
     assert [a for row in ours for a in row] == pytest.approx(centred, abs=1e-12)
 
 
@@ -652,7 +647,7 @@ def test_dpepo_page_hand_case_matches_the_released_code():
     group = Group(task={}, trajectories=[
         Trajectory(task={}, steps=[Step("o", "x"), Step("o", "y", reward=1.0)]),
         Trajectory(task={}, steps=[Step("o", "z")], episode_id=1)])
-    ours = dpepo_advantages(group, weights=[[0.8579, 1.0], [0.5]])
+    (ours,), _ = dpepo_advantages([group], DPEPOParams(weights=[[[0.8579, 1.0], [0.5]]]))
     assert [a for row in ours for a in row] == pytest.approx(released, abs=1e-9)
 
 
@@ -712,14 +707,14 @@ def test_adrs_page_hand_case_matches_the_released_code():
     assert released == [pytest.approx(row, abs=1e-6) for row in ([0.724425, 0.689786], [-0.689786, -0.724425])]
     group = Group(task={}, trajectories=[Trajectory(task={}, steps=[adrs_step(lp, r)])
                                          for lp, r in zip(teacher_rows, returns)])
-    ours, stats = adrs_advantages([group], eta=0.02, eta_eff=0.02)
+    ours, stats = adrs_advantages([group], ADRSParams(adrs_eta=0.02, eta_eff=0.02))
     assert [[a for s in traj for a in s] for traj in ours[0]] == [pytest.approx(row, abs=1e-7) for row in released]
     assert stats["tva"][0] == pytest.approx(tva, abs=1e-7) and stats["gate"][0] == pytest.approx(gate, abs=1e-7)
 
     # η_eff = 1: the term ±0.865969 is clipped to ±0.199999717 -> A: [0.907105, 0.507106].
     *_, released = released_adrs(teacher_rows, returns, eta=0.02, eta_eff=1.0)
     assert released[0] == pytest.approx([0.907105, 0.507106], abs=1e-6)
-    ours, _ = adrs_advantages([group], eta=0.02, eta_eff=1.0)
+    ours, _ = adrs_advantages([group], ADRSParams(adrs_eta=0.02, eta_eff=1.0))
     assert [[a for s in traj for a in s] for traj in ours[0]] == [pytest.approx(row, abs=1e-7) for row in released]
 
     # The schedule (released fit loop, wn_warmup_steps = 20, wn_active_steps = 50): η_eff at steps 20 / 21 / 70 / 71
@@ -754,10 +749,10 @@ def test_canopy_page_hand_case_matches_the_released_code():
 
     group = Group(task={}, trajectories=[episode(1.0), episode(0.0), episode(0.0, error="env timeout")])
     # With the released ε the project's credit reproduces the released code: the formula is the same.
-    assert [row[0] for row in canopy_advantages(group, failed_episodes="zero", eps=1e-6)] == pytest.approx(
+    assert [row[0] for row in canopy_advantages([group], CANOPYParams(failed_episodes="zero", eps=1e-6))[0][0]] == pytest.approx(
         released[:2] + [0.0], abs=1e-9)
     # ε itself is TRL's 1e-4 in the project (the page says so; it is not tagged [C]): (2/3)/0.5774503 = 1.1545006 and
     # (−1/3)/0.5774503 = −0.5772503, within a relative 2e-4 of the released values.
-    ours = [row[0] for row in canopy_advantages(group, failed_episodes="zero")]
+    ours = [row[0] for row in canopy_advantages([group], CANOPYParams(failed_episodes="zero"))[0][0]]
     assert ours[:2] == pytest.approx([1.1545006, -0.5772503], abs=1e-7)
     assert ours[:2] == pytest.approx(released[:2], rel=2e-4)

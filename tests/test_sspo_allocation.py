@@ -10,12 +10,17 @@ import math
 
 import pytest
 import torch
+from helpers import group_credit
 
-from trl_agents.credit.sspo import StateScoreTable, allocated_rollouts, sspo_advantages, transition_reward
 from trl_agents.envs import AgentEnv, register_env
 from trl_agents.rollout import PromptRenderer, RolloutEngine, SamplingParams
 from trl_agents.rollout.topologies import TOPOLOGIES, Launch, get_topology
-from trl_agents.rollout.topologies.state_score import StateScoreTopology
+from trl_agents.rollout.topologies.state_score import (
+    StateScoreTable,
+    StateScoreTopology,
+    allocated_rollouts,
+    transition_reward,
+)
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers import METHODS
 from trl_agents.trainers.sspo import SSPOConfig, SSPOTrainer
@@ -196,15 +201,15 @@ def test_tree_credit_counts_a_shared_step_once_in_its_owner():
                       success=True, episode_id=0)
     fork = Trajectory(task={}, steps=[shared, Step("o1", "c", state_key="s1", next_observation="o1")],
                       episode_id=1, parent_id=0, fork_step=1)
-    advantages = sspo_advantages(Group(task={}, trajectories=[root, fork]), table=StateScoreTable(scope="global"),
-                                 invalid_penalty=0.0)
+    advantages = group_credit("3spo", Group(task={}, trajectories=[root, fork]),
+                              state_scores=StateScoreTable(scope="global"), invalid_action_penalty=0.0)
     assert advantages == [[0.0, 0.5], [0.0, -0.5]]  # the shared step: 0 in both (singleton), counted once
     # Counted once: were it counted per path, s0 would have two copies (still a 0 spread); check with a penalty
     # that the shared invalid step is charged once: ρ(a) = 0.5 − 0.1 with one more sibling at s0.
     other = Trajectory(task={}, steps=[Step("o0", "d", state_key="s0", next_observation="o0")], episode_id=2)
     shared.valid = False
-    advantages = sspo_advantages(Group(task={}, trajectories=[root, fork, other]),
-                                 table=StateScoreTable(scope="global"), invalid_penalty=0.1)
+    advantages = group_credit("3spo", Group(task={}, trajectories=[root, fork, other]),
+                              state_scores=StateScoreTable(scope="global"), invalid_action_penalty=0.1)
     # s0 siblings: a (ρ = 0.5 − 0.1 = 0.4), d (next "o0" = its own state: R = 0) -> mean 0.2 -> A_a = 0.2, A_d = −0.2
     assert advantages[0][0] == pytest.approx(0.2) and advantages[1][0] == 0.0 and advantages[2] == [
         pytest.approx(-0.2)]

@@ -15,9 +15,7 @@ from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
 from trl_agents.callbacks import ControlTokenMonitor
 from trl_agents.callbacks.control_tokens import ControlTokens, control_totals
 from trl_agents.credit.toolrl import (
-    group_composition,
     off_policy_token_loss,
-    plan_hint,
     shaped_off_policy_ratio,
     zero_reward_tasks,
 )
@@ -26,7 +24,7 @@ from trl_agents.rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingP
 from trl_agents.rollout.generators import GenerationOutput
 from trl_agents.training.batch import token_signal_key
 from trl_agents.rollout.topologies import Launch, Topology, get_topology
-from trl_agents.rollout.topologies.supervised import ground_truth_turns
+from trl_agents.rollout.topologies.supervised import ground_truth_turns, group_composition, plan_hint
 from trl_agents.testing import tiny_training_config
 from trl_agents.trainers.toolrl import FORCED_SIGNAL, ToolRLConfig, ToolRLTrainer, rollout_kind, sft_steps
 from trl_agents.trajectory import Group, Step, Trajectory

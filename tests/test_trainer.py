@@ -186,10 +186,6 @@ def test_a_rollout_with_fewer_rows_than_micro_batches_still_trains(tiny_model, t
 
 
 def test_hooks_of_earlier_versions_fail_when_the_class_is_defined():
-    with pytest.raises(TypeError, match="prepare_signals is no longer called"):
-        type("Old", (AgentGRPOTrainer,), {"prepare_signals": lambda self, batch, groups, output: None})
-    with pytest.raises(TypeError, match="record_signals is gone"):
-        type("Old", (AgentGRPOTrainer,), {"record_signals": ("solver_value",)})
     with pytest.raises(TypeError, match=r"compute_auxiliary_loss must take \(self, model, inputs, per_token_logps\)"):
         type("Old", (AgentGRPOTrainer,), {"compute_auxiliary_loss": lambda self, model, inputs: None})
 

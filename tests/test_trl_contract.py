@@ -5,7 +5,9 @@ transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_c
 `_get_per_token_logps_and_entropies`, which runs TRL's own over groups of rows of similar length and relies on its
 arguments and its (log-probs, entropies, auxiliary loss) return value; it is also briefly replaced on the instance,
 to reuse the policy log-probs of TRL's loss in an auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
-`_buffered_inputs`, `_dist`, `_last_loaded_step`, plus the class attributes `_tag_names` and `_name` (model cards).
+`_buffered_inputs`, `_dist`, `_last_loaded_step`, `_created_lr_scheduler` (`install_lr_scheduler`, for IB-RL's
+per-role schedules), plus the class attributes `_tag_names`, `_name` and `_paper` (model cards). IB-RL overrides
+TRL's public `compute_loss`, `create_optimizer` and `create_scheduler`: pinned at the end.
 Each is pinned here, with the reason. When a TRL upgrade changes any of this, a test
 here fails and names what to revisit (docs/concepts/trl_internals.md).
 """
@@ -211,3 +213,43 @@ def test_the_entropy_bonus_is_read_from_the_trainer_on_every_loss():
     source = inspect.getsource(GRPOTrainer._compute_loss)
     assert "self.entropy_coef" in source and "self._entropy_bonus_enabled" in source
     assert "self._entropy_bonus_enabled = self.entropy_coef != 0.0" in inspect.getsource(GRPOTrainer.__init__)
+
+
+# ---- IB-RL's public overrides (compute_loss, create_optimizer, create_scheduler) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "owner, method, parameters",
+    [
+        (GRPOTrainer, "compute_loss", ["self", "model", "inputs", "return_outputs", "num_items_in_batch"]),
+        (GRPOTrainer, "create_optimizer", ["self", "model"]),
+        (GRPOTrainer, "create_scheduler", ["self", "num_training_steps", "optimizer"]),
+    ],
+)
+def test_the_public_methods_ib_rl_overrides_keep_their_signatures(owner, method, parameters):
+    # IBRLTrainer overrides them: one loss per trained role's rows with that role's adapter active (TRL's public
+    # compute_loss, which calls _compute_loss), one AdamW per role, one schedule per role.
+    assert list(inspect.signature(getattr(owner, method)).parameters) == parameters
+
+
+def test_trl_compute_loss_is_the_private_loss_without_outputs():
+    # IB-RL calls super().compute_loss per role, so every role's loss runs through AgentGRPOTrainer._compute_loss.
+    source = inspect.getsource(GRPOTrainer.compute_loss)
+    assert "return self._compute_loss(model, inputs)" in source
+
+
+def test_the_trainer_builds_optimizer_then_scheduler_once_each_and_resets_a_created_schedule():
+    # IB-RL's create_optimizer/create_scheduler build their role objects only when `self.optimizer` /
+    # `self.lr_scheduler` is None, as Trainer's do; `install_lr_scheduler` sets `_created_lr_scheduler` as
+    # Trainer.create_scheduler does, so that a later train() call builds a new schedule (Trainer resets it then).
+    from transformers import Trainer
+
+    assert "self._created_lr_scheduler = True" in inspect.getsource(Trainer.create_scheduler)
+    prepare = inspect.getsource(Trainer._prepare_for_training)
+    assert "if self._created_lr_scheduler:" in prepare and "self.lr_scheduler = None" in prepare
+    assert "self.create_optimizer()" in prepare and "self.create_scheduler(num_training_steps=max_steps)" in prepare
+
+
+def test_the_paper_trl_cites_is_a_class_attribute_with_id_and_citation():
+    # AgentGRPOTrainer.card_metadata reads `_paper` (model cards cite TRL's citation when the paper ids match).
+    assert {"id", "citation"} <= set(GRPOTrainer._paper) and GRPOTrainer._paper["id"] == "2402.03300"

@@ -14,7 +14,7 @@
 environment variables) gives the defaults, `--key value` overrides them. Keys belong to `RunArguments`
 (trl_agents.run), the method's config (e.g. `GiGPOConfig`, which includes every `GRPOConfig` field) or TRL's
 `ModelConfig` (model_name_or_path, use_peft, lora_r, ...). `search` parses the same keys plus the controller's
-(`trl_agents.search.SearchArguments`) and trains stages of the config's method (docs/methods/llmzero.md).
+(`trl_agents.strategy.SearchArguments`) and trains stages of the config's method (docs/methods/llmzero.md).
 """
 
 from __future__ import annotations
@@ -71,10 +71,21 @@ def train(argv: list[str]) -> dict[str, Any]:
     if "--config" not in argv:
         argv = ["--config", packaged_config(QUICKSTART), *argv]
     method, (run_args, config, model_args) = _parse(argv, "train")
-    outer_loop = getattr(method.trainer_class, "run_outer_loop", None)  # a controller (llmzero) runs its search
+    outer_loop = getattr(method.trainer_class, "outer_loop", None)  # a controller (llmzero) names its outer loop
     if outer_loop is not None:
-        return outer_loop(run_args, config, model_args)
+        return OUTER_LOOPS[outer_loop]()(run_args, config, model_args)
     return run_training(run_args, config, model_args)
+
+
+def _strategy_search():
+    from .search import run_search
+
+    return run_search
+
+
+OUTER_LOOPS = {"search": _strategy_search}
+"""The outer loops a controller method may name in its trainer's `outer_loop` (resolved here, so that the trainer
+needs nothing from the loop, which trains trainers): "search", LLMZero's strategy search (`search.run_search`)."""
 
 
 def _parse(argv: list[str], command: str, extra: tuple = ()):
@@ -135,7 +146,8 @@ def search(argv: list[str]) -> dict[str, Any]:
     stage a `trl-agents train` run from its parent's checkpoint (`trl_agents.search.run_search`); writes
     `search_tree.json` in output_dir, and continues it when started again with the same settings."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from .search import SearchArguments, run_search
+    from .search import run_search
+    from .strategy import SearchArguments
 
     argv = [_alias(arg) for arg in argv]
     if "--config" not in argv:
@@ -360,6 +372,11 @@ def push(argv: list[str]) -> dict[str, str | None]:
         urls = push_results(args.run_dir, args.repo, token=args.token, private=args.private)
         print(f"results: {urls['dataset']}")
         return urls
+    from .records import read_run_info
+    from .trainers import METHODS
+
+    recorded = read_run_info(args.run_dir, missing_ok=True)
+    method = None if recorded.get("method_card") else METHODS.get(recorded.get("method") or "")  # an older run
     urls = push_run(  # its errors (bad input, no or refused token, unreachable Hub) are reported by `main`
         args.run_dir,
         args.repo,
@@ -368,6 +385,7 @@ def push(argv: list[str]) -> dict[str, str | None]:
         dataset_repo_id=args.dataset_repo,
         push_trajectories=not args.no_trajectories,
         commit_message=args.commit_message,
+        method=method,
     )
     print(f"model: {urls['model']}")
     if urls["dataset"]:

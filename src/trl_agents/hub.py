@@ -29,7 +29,6 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from importlib import resources
 from typing import Any
 
@@ -87,6 +86,7 @@ def push_run(
     dataset_repo_id: str | None = None,
     push_trajectories: bool = True,
     commit_message: str = DEFAULT_COMMIT_MESSAGE,
+    method=None,
 ) -> dict[str, str | None]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
@@ -98,6 +98,7 @@ def push_run(
         dataset_repo_id: Repo of the trajectories; default `f"{repo_id}-trajectories"`.
         push_trajectories: Push `RUN_DIR/trajectories/*.parquet` as a dataset (when there are any).
         commit_message: Message of the model repo's commit.
+        method: The run's registered method, for a run that recorded no `method_card` (see `render_model_card`).
 
     Returns:
         `{"model": URL, "dataset": URL or None, "commit": URL}`.
@@ -125,7 +126,7 @@ def push_run(
             dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_info, private)
         dataset_repo_id = dataset_url.repo_id if dataset_url else None
         card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id, run_info=run_info,
-                                 eval_results=eval_results)
+                                 eval_results=eval_results, method=method)
         operations = [CommitOperationAdd(path_in_repo, path) for path_in_repo, path in files]
         operations.append(CommitOperationAdd("README.md", str(card).encode()))
         for name, entries in eval_result_files(eval_results, str(model_url)).items():
@@ -141,6 +142,7 @@ def render_model_card(
     dataset_repo_id: str | None = None,
     run_info: dict[str, Any] | None = None,
     eval_results: list[dict[str, Any]] | None = None,
+    method=None,
 ) -> ModelCard:
     """The model card of a run, from `model_cards/model_card.md`, as a `huggingface_hub.ModelCard`.
 
@@ -150,6 +152,8 @@ def render_model_card(
         dataset_repo_id: The trajectory dataset to link and list under `datasets:`.
         run_info: The run's `run_info.json` content, when the caller read it already (default: read from run_dir).
         eval_results: The run's `read_eval_results`, when the caller read them already (default: read from run_dir).
+        method: The run's registered method (a `trl_agents.trainers.Method`), for a run whose `run_info.json` has no
+            `method_card` (the CLI passes it); default: the `method_card` the run recorded.
 
     Example:
         >>> import json, pathlib, tempfile
@@ -167,12 +171,12 @@ def render_model_card(
     agent_config = load_agent_config(run_dir)
     adapter_config = _adapter_config(run_dir)
     config = run_info.get("config") or {}
-    method = _method(run_info.get("method"))
+    method = method.card_info() if method is not None else run_info.get("method_card") or {}
     env = run_info.get("env") or agent_config.get("env_name")
     base_model = run_info.get("model") or adapter_config.get("base_model_name_or_path")
     base_model = base_model if base_model and _is_hub_id(base_model) else None
     model_name = (repo_id or os.path.basename(os.path.abspath(run_dir))).split("/")[-1]
-    tags = ["trl", "trl-agents", *(method.trainer_class._tag_names if method else [])]
+    tags = ["trl", "trl-agents", *method.get("tags", [])]
     tags += [t for t in (run_info.get("method"), env, "reinforcement-learning") if t]
     tags += ["lora"] if adapter_config else []
     data = ModelCardData(
@@ -184,8 +188,9 @@ def render_model_card(
         datasets=[dataset_repo_id] if dataset_repo_id else None,
         eval_results=eval_results_for_card(results) or None,
     )
-    paper_id = method.paper.removeprefix("arXiv ").strip() if method and method.paper.startswith("arXiv") else None
-    trl_paper = getattr(method.trainer_class, "_paper", {}) if method else {}
+    paper = method.get("paper")
+    paper_id = paper.removeprefix("arXiv ").strip() if paper and paper.startswith("arXiv") else None
+    trl_paper = method.get("citation") or {}
     versions = ", ".join(f"{name} {run_info[key]}" for name, key in (("trl-agents", "trl_agents_version"),
                                                                          ("TRL", "trl_version")) if run_info.get(key))
     template = resources.files("trl_agents").joinpath("model_cards", "model_card.md")
@@ -196,7 +201,7 @@ def render_model_card(
         repo_id=repo_id or run_dir,
         endpoint=constants.ENDPOINT,
         method=run_info.get("method"),
-        paper=method.paper if method else None,
+        paper=paper,
         paper_url=f"https://arxiv.org/abs/{paper_id}" if paper_id else None,
         citation=trl_paper.get("citation") if paper_id and trl_paper.get("id") == paper_id else None,
         env=env,
@@ -417,13 +422,6 @@ def _adapter_config(run_dir: str) -> dict[str, Any]:
         return json.load(handle)
 
 
-def _method(name: str | None):
-    """The registered method of that name, or None (a run from a method this version does not know)."""
-    from .trainers import METHODS
-
-    return METHODS.get(name) if name else None
-
-
 def _is_hub_id(name: str) -> bool:
     """Whether a base model reference is a Hub repo id (not a local path), as the card's `base_model` needs."""
     try:
@@ -433,14 +431,9 @@ def _is_hub_id(name: str) -> bool:
     return "/" in name and not os.path.exists(name)
 
 
-def _key_settings(config: dict[str, Any], method) -> list[tuple[str, str]]:
+def _key_settings(config: dict[str, Any], method_card: dict[str, Any]) -> list[tuple[str, str]]:
     """(name, value) of the settings worth a glance: the common agent/GRPO ones, then the method's own fields."""
-    from .trainers import AgentGRPOConfig
-
-    names = list(KEY_SETTINGS)
-    if method is not None:
-        common = {f.name for f in fields(AgentGRPOConfig)}
-        names += [f.name for f in fields(method.config_class) if f.name not in common]
+    names = list(KEY_SETTINGS) + [name for name in method_card.get("settings", ()) if name not in KEY_SETTINGS]
     return [(name, _cell(config[name])) for name in names if config.get(name) not in (None, {}, "")]
 
 

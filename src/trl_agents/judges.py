@@ -16,6 +16,12 @@ Built in:
 
 Scores are parsed with `parse_score`: the first number in the answer, kept when it is a whole number on the scale.
 
+Process scorers (PATR, arXiv 2607.15610; docs/methods/patr.md): `scorer(trajectories) -> q`, one q ∈ [0, 1] (or None)
+per partial trajectory, which the `patr` topology calls after every turn. `SolverProgressScorer` (the environment's
+exact cost-to-go, `solver_progress`, offline), `JudgeScorer` (a judge above on our 0-3 rubric, `judge_messages`),
+`RewardModelScorer` (a local sequence classifier over `node_transcript`) and `CallableScorer` (a user's function,
+its answers checked by `coerce_q`).
+
 Example:
     >>> judge = CallableJudge(lambda prompts: ["Score: 2", "seven", 3], low=0, high=3)
     >>> judge([[{"role": "user", "content": "x"}]] * 3)
@@ -32,6 +38,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from .trajectory import Trajectory
 
 Messages = list[dict[str, str]]
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -273,3 +281,243 @@ def as_judge(judge: Any, low: int = 0, high: int = 3):
     if isinstance(judge, EndpointJudge | LocalJudge | CallableJudge):
         return judge
     return CallableJudge(judge, low=low, high=high)
+
+
+# ---- process scorers (PATR) ------------------------------------------------------------------------------------------
+
+
+PROGRESS_MODES = ("slack", "distance")
+
+Scorer = Callable[[list[Trajectory]], Sequence[float | None]]
+"""A process scorer: one q ∈ [0, 1] (or None: no score) per partial trajectory (PATR's `patr` topology calls it
+after every turn; `rollout/topologies/patr.py`)."""
+
+
+def _check_progress_mode(mode: str) -> None:
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, PROGRESS_MODES))}, got {mode!r}")
+
+
+def solver_progress(trajectory: Trajectory, horizon: int, mode: str = "slack") -> float | None:
+    """q(h) from the `solver_value` signal of the steps of `trajectory` (its full path); None without the signal.
+
+    Args:
+        trajectory: A partial (or finished) trajectory whose steps carry `signals["solver_value"]`.
+        horizon: T, the turn budget of an episode (`max_turns`).
+        mode: "slack": q = clip((T − t − N(s_t)) / (T − N(s_0)), 0, 1); "distance": q = clip(1 − N(s_t)/N(s_0), 0, 1).
+
+    N is the solver's exact cost-to-go (`solver_value` signal: `Transition(N(s_t), N(s_t+1))` on every step), t the
+    turns played and T the turn budget. "slack" is the share of the initial spare turns T − N(s_0) still left: 1 while
+    every step was optimal, 0 once the task can no longer be solved in the turns that remain (N = inf, or T < N(s_0),
+    give 0; without spare turns, T = N(s_0), q is 1 while the path is still optimal). A solved state (N(s_t) = 0)
+    scores 1 in both ([D]: our formulas).
+
+    >>> from trl_agents.trajectory import Step, Trajectory
+    >>> def path(*values):  # N(s_0), N(s_1), ...
+    ...     return Trajectory(task={}, steps=[Step("s", "a", signals={"solver_value": (values[i], values[i + 1])})
+    ...                                       for i in range(len(values) - 1)])
+    >>> solver_progress(path(6, 5, 4), horizon=10)  # optimal so far: (10 − 2 − 4) / (10 − 6) = 1
+    1.0
+    >>> solver_progress(path(6, 6, 7), horizon=10)  # a bump and a step away: (10 − 2 − 7) / 4 = 0.25
+    0.25
+    >>> round(solver_progress(path(6, 5, 4), horizon=10, mode="distance"), 4)  # 1 − 4/6
+    0.3333
+    >>> solver_progress(path(6, float("inf")), horizon=10)  # unsolvable now
+    0.0
+    """
+    _check_progress_mode(mode)
+    if not trajectory.steps:
+        return None
+    first, last = trajectory.steps[0].signals.get("solver_value"), trajectory.steps[-1].signals.get("solver_value")
+    if first is None or last is None:
+        return None
+    start, now = float(first[0]), float(last[1])
+    if math.isnan(start) or math.isnan(now):
+        return None
+    if math.isinf(now) or math.isinf(start):
+        return 0.0
+    if now <= 0:
+        return 1.0  # solved
+    if mode == "distance":
+        if start <= 0:
+            return 0.0  # started solved and left it
+        return min(max(1.0 - now / start, 0.0), 1.0)  # q = clip(1 − N(s_t)/N(s_0), 0, 1)
+    slack0 = horizon - start  # T − N(s_0): spare turns at the start
+    slack = horizon - len(trajectory.steps) - now  # T − t − N(s_t)
+    if slack0 <= 0:  # no spare turn: 1 while a perfect path is still on track, 0 once it is not (or never was)
+        return 1.0 if slack >= 0 else 0.0
+    return min(max(slack / slack0, 0.0), 1.0)
+
+
+def judge_q(score: float | None, low: float = 0, high: float = 3) -> float | None:
+    """A judge's score on [low, high] as q ∈ [0, 1]: (score − low)/(high − low); None stays None.
+
+    >>> [judge_q(s) for s in (0, 2, 3, None)]
+    [0.0, 0.6666666666666666, 1.0, None]
+    """
+    if score is None:
+        return None
+    return coerce_q((float(score) - low) / (high - low))
+
+
+def coerce_q(value: Any) -> float | None:
+    """A scorer's answer as q: a finite number clipped to [0, 1], else None.
+
+    >>> [coerce_q(v) for v in (0.5, 1.7, -1, float("nan"), "0.3", None, True)]
+    [0.5, 1.0, 0.0, None, None, None, None]
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return min(max(float(value), 0.0), 1.0)
+
+
+def node_transcript(trajectory: Trajectory, max_turns_shown: int = 8, max_chars: int = 400) -> str:
+    """The partial trajectory as text for a judge or reward model: the task, the first observation, then the last
+    `max_turns_shown` turns (action, then the observation it led to).
+
+    >>> from trl_agents.trajectory import Step, Trajectory
+    >>> steps = [Step("P . G", "right", next_observation=". P G")]
+    >>> print(node_transcript(Trajectory(task={}, steps=steps, task_text="Reach G.")))
+    Task: Reach G.
+    Observation 1: P . G
+    Action 1: right
+    Observation 2: . P G
+    """
+
+    def cut(text: Any) -> str:
+        text = str(text if text is not None else "").strip()
+        return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+    lines = [f"Task: {cut(trajectory.task_text)}"] if trajectory.task_text else []
+    steps = trajectory.steps
+    if steps:
+        lines.append(f"Observation 1: {cut(steps[0].observation)}")
+    start = max(0, len(steps) - max_turns_shown)
+    if start:
+        lines.append(f"... ({start} earlier turns)")
+    for t in range(start, len(steps)):
+        step = steps[t]
+        lines.append(f"Action {t + 1}: {cut(step.action_text)}" + ("" if step.valid else " [rejected]"))
+        if step.next_observation is not None:
+            lines.append(f"Observation {t + 2}: {cut(step.next_observation)}")
+    return "\n".join(lines)
+
+
+PROGRESS_JUDGE_SYSTEM = ("You evaluate an agent that is partway through a task. Judge only whether its trajectory so "
+                         "far is making progress toward solving the task.")
+PROGRESS_JUDGE_QUESTION = ("Is this trajectory making progress toward solving the task? Answer with one number: 0 "
+                           "(stuck, looping or off track), 1 (little progress), 2 (some progress), 3 (clearly on track "
+                           "to solve it).")
+
+
+def judge_messages(trajectory: Trajectory) -> list[dict[str, str]]:
+    """A process judge's chat for one partial trajectory (PATR's `JudgeScorer`; our rubric: is it making progress,
+    on the 0-3 scale of the repository's judges)."""
+    return [{"role": "system", "content": PROGRESS_JUDGE_SYSTEM},
+            {"role": "user", "content": f"{node_transcript(trajectory)}\n\n{PROGRESS_JUDGE_QUESTION}"}]
+
+
+class SolverProgressScorer:
+    """q from the environment's solver (`solver_progress`), offline: the trainer records the `solver_value` signal.
+
+    Args:
+        horizon: T, the turn budget (`max_turns`).
+        mode: "slack" or "distance" (`PROGRESS_MODES`).
+    """
+
+    kind = "solver"
+
+    def __init__(self, horizon: int, mode: str = "slack"):
+        _check_progress_mode(mode)
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an integer >= 1 (max_turns), got {horizon!r}")
+        self.horizon, self.mode = horizon, mode
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
+        return [solver_progress(t, self.horizon, self.mode) for t in trajectories]
+
+
+class CallableScorer:
+    """A user's function `fn(trajectories) -> scores` (one number in [0, 1] or None per partial trajectory), its
+    answers checked (`coerce_q`: non-numbers and non-finite values are None, numbers are clipped to [0, 1])."""
+
+    kind = "callable"
+
+    def __init__(self, fn: Scorer):
+        if not callable(fn):
+            raise TypeError(f"a PATR scorer must be callable (trajectories -> scores), got {type(fn).__name__}")
+        self.fn = fn
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
+        answers = list(self.fn(list(trajectories))) if trajectories else []
+        if len(answers) != len(trajectories):
+            raise ValueError(f"the PATR scorer returned {len(answers)} scores for {len(trajectories)} trajectories")
+        return [coerce_q(a) for a in answers]
+
+
+class JudgeScorer:
+    """A judge of `trl_agents.judges` (EndpointJudge, LocalJudge, CallableJudge) as a scorer: one chat per partial
+    trajectory (`judge_messages`), its 0-3 score mapped to [0, 1] (`judge_q`); an unusable answer is None."""
+
+    kind = "judge"
+
+    def __init__(self, judge: Callable[[list], Sequence[float | None]], low: int = 0, high: int = 3):
+        if not callable(judge):
+            raise TypeError(f"a judge must be callable (prompts -> scores), got {type(judge).__name__}")
+        self.judge, self.low, self.high = judge, low, high
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
+        if not trajectories:
+            return []
+        scores = list(self.judge([judge_messages(t) for t in trajectories]))
+        if len(scores) != len(trajectories):
+            raise ValueError(f"the judge returned {len(scores)} scores for {len(trajectories)} trajectories")
+        return [judge_q(s, self.low, self.high) for s in scores]
+
+
+class RewardModelScorer:
+    """A process reward model run locally: a transformers sequence classifier over `node_transcript`, q = sigmoid of
+    its one logit (or the last label's softmax probability with several labels).
+
+    Args:
+        model: A path or Hub id (loaded with `AutoModelForSequenceClassification`; `JudgeUnavailable` when that
+            fails), or a loaded classifier.
+        tokenizer: Its tokenizer (loaded from `model` when None).
+        max_length: Tokens of a transcript kept (its end: the latest turns).
+        batch_size: Transcripts per forward.
+    """
+
+    kind = "reward_model"
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, max_length: int = 1024, batch_size: int = 8):
+        if isinstance(model, str):
+            from transformers import AutoModelForSequenceClassification
+
+            model, tokenizer = load_pretrained(model, tokenizer, AutoModelForSequenceClassification,
+                                               "the reward model", kind="sequence-classification model")
+        if tokenizer is None:
+            raise ValueError("RewardModelScorer needs the tokenizer of a loaded model")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_length, self.batch_size = int(max_length), max(1, int(batch_size))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = 0 if pad is None else pad
+        if getattr(self.model.config, "pad_token_id", None) is None:
+            self.model.config.pad_token_id = self.pad_token_id  # sequence classifiers find the last token by it
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[float | None]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        out: list[float | None] = []
+        for start in range(0, len(trajectories), self.batch_size):
+            texts = [node_transcript(t) for t in trajectories[start : start + self.batch_size]]
+            ids = [self.tokenizer(text, add_special_tokens=True)["input_ids"][-self.max_length :] for text in texts]
+            width = max(len(i) for i in ids)
+            # Right padding: the classifier reads the last non-pad token.
+            input_ids = torch.tensor([i + [self.pad_token_id] * (width - len(i)) for i in ids], device=device)
+            mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in ids], device=device)
+            with torch.no_grad():
+                logits = self.model(input_ids=input_ids, attention_mask=mask).logits.float()
+            values = torch.sigmoid(logits[:, 0]) if logits.shape[-1] == 1 else torch.softmax(logits, -1)[:, -1]
+            out += [coerce_q(float(v)) for v in values]
+        return out

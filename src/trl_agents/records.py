@@ -156,7 +156,9 @@ TRAJECTORY_SCHEMA: pa.Schema = TRAJECTORY_FEATURES.arrow_schema
 def build_run_info(trainer) -> dict[str, Any]:
     """What a trainer runs, as `run_info.json` records it (without writing it; `run_id` and `created` are new).
 
-    Keys: `run_id`, `method`, `env`, `model` (base model id or path), `config` (every config field, JSON-safe, tokens
+    Keys: `run_id`, `method` (the trainer's registered method, else its class name), `method_card` (what a model card
+    shows about the method: `Method.card_info()`, {} for a user subclass), `env`, `model` (base model id or path),
+    `config` (every config field, JSON-safe, tokens
     masked as `TrainingArguments.to_dict` masks them), `config_hash` (sha256 of the canonical JSON of `config`, first
     16 hex digits), `trl_agents_version`, `trl_version`, `created` (ISO time, UTC).
     """
@@ -165,10 +167,12 @@ def build_run_info(trainer) -> dict[str, Any]:
     from . import __version__
 
     config = json.loads(json.dumps(trainer.args.to_dict(), default=str))
+    method = trainer.method  # the registered method it runs (None for a user subclass)
     created = datetime.datetime.now(datetime.UTC)
     return {
         "run_id": f"{created:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}",
-        "method": _method_name(trainer),
+        "method": method_name(trainer),
+        "method_card": method.card_info() if method is not None else {},
         "env": _env_name(trainer),
         "model": _base_model(trainer),
         "config": config,
@@ -236,18 +240,10 @@ def read_run_info(run_dir: str | os.PathLike, *, missing_ok: bool = False) -> di
         return json.load(handle)
 
 
-def _method_name(trainer) -> str:
-    """The registered method this trainer runs: the one of its class whose defaults the config matches (the most
-    specific, so Dr. GRPO wins over GRPO), else the class name (a user subclass)."""
-    from .trainers import METHODS
-
-    matching = [
-        method
-        for method in METHODS.values()
-        if type(trainer) is method.trainer_class
-        and all(getattr(trainer.args, name, None) == value for name, value in method.defaults.items())
-    ]
-    return max(matching, key=lambda method: len(method.defaults)).name if matching else type(trainer).__name__
+def method_name(trainer) -> str:
+    """The registered method `trainer` runs (`trainer.method`), else its class name (a user subclass)."""
+    method = trainer.method
+    return method.name if method is not None else type(trainer).__name__
 
 
 def _env_name(trainer) -> str | None:

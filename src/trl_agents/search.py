@@ -2,7 +2,7 @@
 
 `run_search(run, config, model_args, search)` runs around any method's config, the same three objects
 `trl-agents train` parses (`RunArguments`, the method's config, TRL's `ModelConfig`), plus the controller's settings
-(`SearchArguments`; `LLMZeroConfig` carries them itself):
+(`trl_agents.strategy.SearchArguments`; `LLMZeroConfig` carries them itself):
 
 1. the root stage: `stage_steps` RL steps with the config as given (the base model, tiny model or warm start as
    `run_training` builds it), evaluated on the held-out split before and after;
@@ -37,129 +37,26 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from .credit.base import check_choice
-from .credit.llmzero import (
+from .fileio import atomic_write
+from .judges import EndpointJudge, JudgeUnavailable
+from .strategy import (
     BOUNDS,
-    CAPACITY_PARAMS,
-    REGULARISATION_PARAMS,
     RuleProposer,
+    SearchArguments,
     SearchTree,
     constrain,
     diagnose,
     proposals_from_text,
     summarise,
 )
-from .fileio import atomic_write
-from .judges import EndpointJudge, JudgeUnavailable
 
 SEARCH_TREE = "search_tree.json"
-SCORE_METRICS = ("success_rate", "episode_return", "valid_action_rate")
-"""Held-out metrics a search may maximise (the evaluator's metrics where higher is better)."""
-PROPOSERS = ("rules", "llm")
-
-
-@dataclass
-class SearchArguments:
-    """The controller's settings (LLMZero): how long a stage is, how wide and how far the tree grows, how it picks,
-    and who proposes. `LLMZeroConfig` has them too; `trl-agents search` adds them to any method's config."""
-
-    stage_steps: int = field(
-        default=50,
-        metadata={"help": "S, RL steps per stage: each child trains this many steps from its parent's checkpoint; "
-        "it replaces max_steps in every stage (our choice: 50, the paper's stage length is not known to us; "
-        "docs/methods/llmzero.md)."},
-    )
-    children_per_node: int = field(
-        default=3,
-        metadata={"help": "K, coordinated transitions proposed at a trained node (our choice: 3)."},
-    )
-    search_budget: int = field(
-        default=10,
-        metadata={"help": "Stages trained in all, the root stage included (our choice: the paper matches the budget "
-        "to a grid search's compute; `--stages` on `trl-agents search`)."},
-    )
-    ucb_c: float = field(
-        default=1.0,
-        metadata={"help": "c of UCB, score + c·sqrt(ln N_parent / N_child) (our choice: 1.0; 0 = greedy on the "
-        "backed-up score)."},
-    )
-    search_selection: str = field(
-        default="ucb",
-        metadata={"help": "'ucb' (descend by UCB, an unvisited child first) or 'best_first' (grow the best trained "
-        "node)."},
-    )
-    search_backup: str = field(
-        default="max",
-        metadata={"help": "A node's value: 'max' or 'mean' of the held-out scores in its subtree (our choice: max, "
-        "the search looks for the best strategy)."},
-    )
-    search_metric: str = field(
-        default="success_rate",
-        metadata={"help": "Held-out metric a stage is scored by: success_rate, episode_return or valid_action_rate "
-        "(our choice: success_rate; the eval split of RunArguments)."},
-    )
-    proposer: str = field(
-        default="rules",
-        metadata={"help": "Who proposes the transitions: 'rules' (the built-in diagnosis rules, no model) or 'llm' "
-        "(an OpenAI-compatible endpoint at `proposer_url`; our choice of default: rules, runs offline)."},
-    )
-    proposer_url: str | None = field(
-        default=None, metadata={"help": "Base URL of the OpenAI-compatible proposer (e.g. http://localhost:8000)."}
-    )
-    proposer_model: str | None = field(
-        default=None, metadata={"help": "Served model name of the proposer (None: the first one it lists)."}
-    )
-    proposer_timeout: float = field(default=120.0, metadata={"help": "Seconds one proposer request may take."})
-    proposer_max_tokens: int = field(default=1024, metadata={"help": "Token budget of a proposer answer."})
-    capacity_params: list[str] = field(
-        default_factory=lambda: list(CAPACITY_PARAMS),
-        metadata={"help": "Searched capacity parameters (config fields): never decrease along a path [P]."},
-    )
-    regularisation_params: list[str] = field(
-        default_factory=lambda: list(REGULARISATION_PARAMS),
-        metadata={"help": "Searched regularisation parameters (config fields): move either way [P]."},
-    )
-    search_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where search_tree.json and the stages (nodes/<id>/) go (None: output_dir)."},
-    )
-
-    def __post_init__(self):
-        self.check_search()
-
-    def check_search(self) -> None:
-        """One-line ValueErrors naming the field and the fix."""
-        for name in ("stage_steps", "children_per_node", "search_budget", "proposer_max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.ucb_c, int | float) and math.isfinite(self.ucb_c) and self.ucb_c >= 0):
-            raise ValueError(f"ucb_c must be a finite number >= 0, got {self.ucb_c!r}")
-        if not (isinstance(self.proposer_timeout, int | float) and self.proposer_timeout > 0):
-            raise ValueError(f"proposer_timeout must be a number of seconds > 0, got {self.proposer_timeout!r}")
-        check_choice("search_selection", self.search_selection, ("ucb", "best_first"))
-        check_choice("search_backup", self.search_backup, ("max", "mean"))
-        check_choice("search_metric", self.search_metric, SCORE_METRICS)
-        check_choice("proposer", self.proposer, PROPOSERS)
-        if self.proposer == "llm" and not self.proposer_url:
-            raise ValueError("proposer='llm' needs proposer_url (an OpenAI-compatible server, e.g. "
-                             "http://localhost:8000), or use proposer='rules'")
-        self.capacity_params = list(self.capacity_params or [])
-        self.regularisation_params = list(self.regularisation_params or [])
-        both = sorted(set(self.capacity_params) & set(self.regularisation_params))
-        if both:
-            raise ValueError(f"{', '.join(both)} listed in both capacity_params and regularisation_params: a parameter "
-                             "is either monotone (capacity) or free (regularisation)")
-        if not self.capacity_params and not self.regularisation_params:
-            raise ValueError("capacity_params and regularisation_params are both empty: name the parameters to search")
 
 
 def search_arguments(config: Any, search: SearchArguments | None = None) -> SearchArguments:

@@ -1,19 +1,27 @@
-"""Credit assignment: per-step advantages for the trajectories of one group (one task).
+"""Credit assignment: per-step advantages for the trajectories of the groups (tasks) of a batch.
 
-Every estimator is a pure function `estimator(group, **options) -> StepAdvantages` (one list per trajectory, one
-advantage per step), also reachable by name through `get_estimator("grpo" | "rloo" | "gigpo")`.
+Every estimator is ONE pure function `x_advantages(groups, params) -> (advantages, stats)`: `groups` holds one
+`Group` per task, `params` is the estimator's frozen `XParams` (field names = config field names; built with
+`XParams(...)` or `XParams.from_config(args, **runtime)`), `advantages` has one entry per group (one list per
+trajectory, one advantage per step) and `stats` maps diagnostic names to (total, count) summed over the groups
+(`stat_means` gives their values). Every estimator is also reachable by name through `get_estimator(name)`, which
+gives its function and its params class (the contract in detail: `trl_agents.credit.base`).
 
 Example:
     >>> from trl_agents.credit import get_estimator
     >>> from trl_agents.trajectory import Group, Step, Trajectory
     >>> group = Group(task={}, trajectories=[Trajectory(task={}, steps=[Step("s", "a", reward=r)]) for r in (1, 0)])
-    >>> get_estimator("rloo")(group)
-    [[1.0], [-1.0]]
+    >>> rloo = get_estimator("rloo")
+    >>> rloo([group], rloo.params())
+    ([[[1.0], [-1.0]]], {})
 """
-
-from .appo import BranchPoint, appo_advantages, branching_scores, future_kl_advantages, future_values
+from .appo import APPOParams, appo_advantages, future_kl_advantages
 from .base import (
     CREDIT_ESTIMATORS,
+    AnchorParams,
+    CreditParams,
+    Estimator,
+    Stats,
     StepAdvantages,
     anchor_key,
     canonical_action,
@@ -21,131 +29,110 @@ from .base import (
     get_estimator,
     normalize_text,
     register_estimator,
+    runtime_field,
+    stat_means,
 )
-from .bepo import BellmanCredit, bellman_credit, bepo_advantages, bepo_advantages_with_stats
-from .bipace import bipace_advantages, bipace_advantages_with_stats, greedy_cosine_clusters, pace_step_advantages
-from .bpo import SiblingSet, bpo_advantages, bpo_advantages_with_stats, sibling_sets
-from .canopy import (
-    canopy_advantages,
-    canopy_advantages_with_stats,
-    carries_signal,
-    coverage_stats,
-    group_size_for_coverage,
-    signal_probability,
-)
-from .cast import cast_advantages, cast_advantages_with_stats
+from .bepo import BellmanCredit, BEPOParams, bellman_credit, bepo_advantages
+from .bipace import BiPACEParams, bipace_advantages, greedy_cosine_clusters, pace_step_advantages
+from .bpo import BPOParams, SiblingSet, bpo_advantages, sibling_sets
+from .canopy import CANOPYParams, canopy_advantages
+from .cast import CASTParams, cast_advantages
 from .dpepo import (
+    DPEPOParams,
     diversity_weight,
     dpepo_advantages,
-    dpepo_advantages_with_stats,
     trajectory_weights,
     weight_terms,
 )
-from .ecpo import AnchorEvidence, anchor_evidence, ecpo_advantages, ecpo_advantages_with_stats
+from .ecpo import AnchorEvidence, ECPOParams, anchor_evidence, ecpo_advantages
 from .eppo import EntropyPacer, pace_scales, task_bounds
-from .gigpo import gigpo_advantages, gigpo_advantages_with_stats
-from .grpo import grpo_advantages
-from .ib_rl import group_advantages, ib_rl_advantages, ib_rl_advantages_with_stats, role_masks
-from .igrpo import (
-    igrpo_advantages,
-    igrpo_advantages_with_stats,
-    leaf_weights,
-    selection_probabilities,
-)
-from .llmzero import RuleProposer, SearchTree, capacity_is_monotone, constrain, diagnose, summarise, ucb
-from .patr import patr_advantages, patr_advantages_with_stats, solver_progress
-from .progpo import progpo_advantages, progpo_parts
-from .rloo import rloo_advantages
-from .scpo import get_scorer, register_scorer, scpo_advantages, scpo_advantages_with_stats
-from .sspo import StateScoreTable, allocated_rollouts, sspo_advantages, sspo_advantages_with_stats, transition_reward
-from .toolrl import group_composition, off_policy_token_loss, plan_hint, shaped_off_policy_ratio, zero_reward_tasks
-from .vict import trace_proof_edges, vict_advantages, vict_advantages_with_stats
+from .gigpo import GiGPOParams, gigpo_advantages
+from .grpo import GRPOOutcomeParams, GRPOParams, grpo_advantages
+from .ib_rl import IBRLParams, group_advantages, ib_rl_advantages, role_masks
+from .igrpo import IGRPOParams, igrpo_advantages, leaf_weights
+from .patr import PATRParams, patr_advantages
+from .progpo import ProGPOParams, progpo_advantages, progpo_parts
+from .rloo import RLOOParams, rloo_advantages
+from .scpo import SCPOParams, get_scorer, register_scorer, scpo_advantages
+from .sspo import SSPOParams, sspo_advantages
+from .toolrl import off_policy_token_loss, shaped_off_policy_ratio, zero_reward_tasks
+from .vict import VICTParams, trace_proof_edges, vict_advantages
 
 __all__ = [
     "CREDIT_ESTIMATORS",
+    "APPOParams",
     "AnchorEvidence",
+    "AnchorParams",
+    "BEPOParams",
+    "BPOParams",
     "BellmanCredit",
-    "BranchPoint",
+    "BiPACEParams",
+    "CANOPYParams",
+    "CASTParams",
+    "CreditParams",
+    "DPEPOParams",
+    "ECPOParams",
     "EntropyPacer",
-    "RuleProposer",
-    "SearchTree",
+    "Estimator",
+    "GRPOOutcomeParams",
+    "GRPOParams",
+    "GiGPOParams",
+    "IBRLParams",
+    "IGRPOParams",
+    "PATRParams",
+    "ProGPOParams",
+    "RLOOParams",
+    "SCPOParams",
+    "SSPOParams",
     "SiblingSet",
-    "StateScoreTable",
+    "Stats",
     "StepAdvantages",
-    "allocated_rollouts",
+    "VICTParams",
     "anchor_evidence",
     "anchor_key",
     "appo_advantages",
     "bellman_credit",
     "bepo_advantages",
-    "bepo_advantages_with_stats",
     "bipace_advantages",
-    "bipace_advantages_with_stats",
     "bpo_advantages",
-    "bpo_advantages_with_stats",
-    "branching_scores",
     "canonical_action",
     "canopy_advantages",
-    "canopy_advantages_with_stats",
-    "capacity_is_monotone",
-    "carries_signal",
     "cast_advantages",
-    "cast_advantages_with_stats",
-    "constrain",
-    "coverage_stats",
-    "diagnose",
     "discounted_returns",
     "diversity_weight",
     "dpepo_advantages",
-    "dpepo_advantages_with_stats",
     "ecpo_advantages",
-    "ecpo_advantages_with_stats",
     "future_kl_advantages",
-    "future_values",
     "get_estimator",
     "get_scorer",
     "gigpo_advantages",
-    "gigpo_advantages_with_stats",
     "greedy_cosine_clusters",
     "group_advantages",
-    "group_composition",
-    "group_size_for_coverage",
     "grpo_advantages",
     "ib_rl_advantages",
-    "ib_rl_advantages_with_stats",
     "igrpo_advantages",
-    "igrpo_advantages_with_stats",
     "leaf_weights",
     "normalize_text",
     "off_policy_token_loss",
     "pace_scales",
     "pace_step_advantages",
     "patr_advantages",
-    "patr_advantages_with_stats",
-    "plan_hint",
     "progpo_advantages",
     "progpo_parts",
     "register_estimator",
     "register_scorer",
     "rloo_advantages",
     "role_masks",
+    "runtime_field",
     "scpo_advantages",
-    "scpo_advantages_with_stats",
-    "selection_probabilities",
     "shaped_off_policy_ratio",
     "sibling_sets",
-    "signal_probability",
-    "solver_progress",
     "sspo_advantages",
-    "sspo_advantages_with_stats",
-    "summarise",
+    "stat_means",
     "task_bounds",
     "trace_proof_edges",
     "trajectory_weights",
-    "transition_reward",
-    "ucb",
     "vict_advantages",
-    "vict_advantages_with_stats",
     "weight_terms",
     "zero_reward_tasks",
 ]

@@ -2,20 +2,10 @@
 
 Three pieces, each a pure function (lists in, lists out; the loss-side ones on tensors):
 
-1. **Where to branch** (rollout side). For every token j of an initial rollout, the log-ratio between the current
-   policy and the behaviour policy that sampled it, Δ_j = log π_θ(y_j) − log π_old(y_j), gives the *future value*
-
-       Ω_t = clip( exp( clamp( Σ_{j≥t} γ^{j−t} Δ_j , −20, 20 ) ), 1 − ε, 1 + ε )          (`future_values`)
-
-   and, with the token entropy H_t, the *branching score* of a token, z-scored within the rollout over its
-   non-punctuation tokens,
-
-       BS_t = z(H)_t · z(Ω)_t,   eligible iff z(H)_t > 0, z(Ω)_t > 0 and BS_t > 0          (`branching_scores`)
-
-   The best eligible positions (`top_positions`) are the split points: a branch continues the rollout's own tokens
-   y_0..y_t with a fresh sample. When Ω is unavailable (no behaviour log-probs) or degenerate (the sampler IS the
-   current policy, as with a transformers generator: Ω ≡ 1, its z-score is 0/0), the score falls back to z(H)
-   alone, eligible iff z(H) > 0.
+1. **Where to branch** (rollout side): the future value Ω, the branching score BS = z(H)·z(Ω) and the split points
+   are the `token_branching` topology's (`rollout/topologies/appo.py`: `future_values`, `branching_scores`,
+   `top_positions`, and the `BranchPoint` each split leaves for the credit). A branch continues an initial rollout's
+   own tokens y_0..y_t with a fresh sample.
 
 2. **Dual-group credit** (`appo_advantages`, the released `apply_appo_reward_scale_M` + `compute_appo_advantage`).
    First the reward scale: each reward of an initial rollout o sits on a token (a step's reward on the last token
@@ -40,17 +30,11 @@ Three pieces, each a pure function (lists in, lists out; the loss-side ones on t
    negative-advantage tokens whose ratio exceeds the safety threshold (4) get f clamped into [0.8, 1]; a row with more
    than one dual-clipped negative-advantage token (A < 0 and ratio > c) is dropped.
 
-Numerical guards: z-scores of fewer than two values, or of values whose spread is below `tolerance`, are 0 (no
-eligible position rather than 0/0); a return group of one episode, or of equal returns, gets advantage 0 (centred
-returns are exactly 0, whatever ε; the released code's (R − μ)/(0 + 1e-6) gives the same 0); the exponent of Ω and of f is clamped to ±20 (no inf); BS_max ≤ 0 gives M = 1;
-empty inputs give empty outputs. Nothing here produces NaN or inf from finite inputs.
+Numerical guards: a return group of one episode, or of equal returns, gets advantage 0 (centred returns are exactly
+0, whatever ε; the released code's (R − μ)/(0 + 1e-6) gives the same 0); the exponent of f is clamped to ±20 (no
+inf); BS_max ≤ 0 gives M = 1; empty inputs give empty outputs. Nothing here produces NaN or inf from finite inputs.
 
 Example (the acceptance numbers, docs/methods/appo.md "Hand-computed case"):
-    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]
-    [1.0, 0.9048, 0.9048]
-    >>> scores, eligible, used_omega = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
-    >>> [round(s, 3) for s in scores], eligible, used_omega
-    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False], True)
     >>> [round(m, 3) for m in prefix_scale(split=3, score=1.0, score_max=1.0)]
     [1.729, 1.81, 1.9, 2.0]
 """
@@ -58,18 +42,17 @@ Example (the acceptance numbers, docs/methods/appo.md "Hand-computed case"):
 from __future__ import annotations
 
 import math
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..rollout.topologies.appo import EXP_CLAMP, BranchPoint, token_offsets
 from ..trajectory import Group, Trajectory
-from .base import check_group
+from .base import CreditParams, Stats, batch_result, check_group, register_estimator, runtime_field
 
 DEFAULT_DECAY_RATE = 64.0  # γ = 2^(−1/64) of FutureKL in the loss: its half-life is 64 tokens (APPO scripts)
-DEFAULT_BRANCH_GAMMA = 1.0  # γ of Ω's future sum at branching: the released code passes `algorithm.gamma`, 1.0
-EXP_CLAMP = 20.0  # the exponent of Ω and of the future-KL factor is clamped to ±20 (as the code does)
-PUNCTUATION = frozenset(string.punctuation)
+APPO_STATS = ("init_rollouts", "branches", "branch_points", "init_success_rate", "branch_success_rate",
+              "mean_reward_scale", "prefix_tokens")
 
 if TYPE_CHECKING:  # the loss-side functions take tensors; torch is imported where they run
     import torch
@@ -82,116 +65,6 @@ def decay_gamma(decay_rate: float) -> float:
     0.989228
     """
     return 2.0 ** (-1.0 / decay_rate)
-
-
-def is_punctuation(text: str) -> bool:
-    """Whether a token's text is only whitespace and punctuation (such tokens are never split points, nor counted in
-    the z-scores).
-
-    >>> is_punctuation(" ,"), is_punctuation("go"), is_punctuation("")
-    (True, False, True)
-    """
-    return all(ch.isspace() or ch in PUNCTUATION for ch in text)
-
-
-# ---- 1. where to branch ----------------------------------------------------------------------------------------------
-
-
-def future_sums(values: Sequence[float], gamma: float, keep: Sequence[bool] | None = None) -> list[float]:
-    """S_t = Σ_{k≥t} γ^{k−t} 1[keep_k]·v_k, backwards: S_t = 1[keep_t]·v_t + γ·S_{t+1}.
-
-    >>> future_sums([1.0, 0.0, 1.0], 0.5)
-    [1.25, 0.5, 1.0]
-    """
-    sums = [0.0] * len(values)
-    running = 0.0
-    for t in range(len(values) - 1, -1, -1):
-        term = values[t] if keep is None or keep[t] else 0.0
-        running = term + gamma * running
-        sums[t] = running
-    return sums
-
-
-def future_values(
-    log_ratios: Sequence[float], gamma: float = DEFAULT_BRANCH_GAMMA, epsilon: float | None = 0.2
-) -> list[float]:
-    """Ω_t = clip(exp(clamp(Σ_{j≥t} γ^{j−t} Δ_j, ±20)), 1 − ε, 1 + ε), Δ_j = log π_θ(y_j) − log π_old(y_j) over the
-    rollout's tokens in order; `epsilon=None` returns the unclipped values.
-
-    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]  # exp(0), exp(−.1), exp(−.1)
-    [1.0, 0.9048, 0.9048]
-    >>> future_values([1.0], gamma=1.0)  # exp(1) = 2.718 clipped to 1 + 0.2
-    [1.2]
-    """
-    omegas = []
-    for total in future_sums(log_ratios, gamma):
-        omega = math.exp(max(-EXP_CLAMP, min(EXP_CLAMP, total)))
-        if epsilon is not None:
-            omega = min(max(omega, 1.0 - epsilon), 1.0 + epsilon)
-        omegas.append(omega)
-    return omegas
-
-
-def zscores(values: Sequence[float], keep: Sequence[bool] | None = None, tolerance: float = 1e-8) -> list[float]:
-    """(v − μ)/σ with μ and the population σ over the kept values; 0 on values not kept, and 0 everywhere when
-    fewer than two values are kept or σ < `tolerance` (no spread: nothing stands out).
-
-    >>> [round(z, 4) for z in zscores([1.1, 1.0, 0.9, 1.2])]
-    [0.4472, -0.4472, -1.3416, 1.3416]
-    >>> zscores([1.0, 1.0, 1.0]), zscores([3.0, 1.0], keep=[True, False])
-    ([0.0, 0.0, 0.0], [0.0, 0.0])
-    """
-    kept = [v for i, v in enumerate(values) if keep is None or keep[i]]
-    if len(kept) < 2:
-        return [0.0] * len(values)
-    mean = sum(kept) / len(kept)
-    std = math.sqrt(sum((v - mean) ** 2 for v in kept) / len(kept))
-    if std < tolerance:
-        return [0.0] * len(values)
-    return [(v - mean) / std if keep is None or keep[i] else 0.0 for i, v in enumerate(values)]
-
-
-def branching_scores(
-    entropies: Sequence[float],
-    omegas: Sequence[float] | None,
-    keep: Sequence[bool] | None = None,
-    omega_tolerance: float = 1e-4,
-) -> tuple[list[float], list[bool], bool]:
-    """(score per token, eligible per token, whether Ω was used) within one rollout.
-
-    BS_t = z(H)_t·z(Ω)_t, eligible iff z(H) > 0, z(Ω) > 0 and BS > 0; z over the `keep` tokens (non-punctuation),
-    tokens not kept are never eligible. Ω None, with a non-finite value, or with a spread (population σ over the
-    kept tokens) below `omega_tolerance` falls back to score z(H), eligible iff z(H) > 0.
-
-    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
-    >>> [round(s, 3) for s in scores], eligible  # z(H) = [1.284, −0.691, 0.625, −1.218], z(Ω) = [.447, −.447, ...]
-    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False])
-    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.0, 1.0, 1.0, 1.0])  # Ω ≡ 1: z(H) alone
-    >>> [round(s, 3) for s in scores], eligible, used
-    ([1.284, -0.691, 0.625, -1.218], [True, False, True, False], False)
-    """
-    n = len(entropies)
-    keep = [True] * n if keep is None else list(keep)
-    z_h = zscores(entropies, keep)
-    use_omega = omegas is not None and len(omegas) == n and all(math.isfinite(v) for v in omegas)
-    if use_omega:
-        z_o = zscores(omegas, keep, tolerance=omega_tolerance)
-        use_omega = any(z != 0.0 for z in z_o)
-    if not use_omega:
-        return z_h, [keep[t] and z_h[t] > 0 for t in range(n)], False
-    scores = [z_h[t] * z_o[t] for t in range(n)]
-    eligible = [keep[t] and z_h[t] > 0 and z_o[t] > 0 and scores[t] > 0 for t in range(n)]
-    return scores, eligible, True
-
-
-def top_positions(scores: Sequence[float], eligible: Sequence[bool], count: int) -> list[int]:
-    """The `count` eligible positions with the highest scores (ties: the earliest), best first.
-
-    >>> top_positions([0.5, 2.0, 2.0, 9.0], [True, True, True, False], 2)
-    [1, 2]
-    """
-    ranked = sorted((t for t in range(len(scores)) if eligible[t]), key=lambda t: (-scores[t], t))
-    return ranked[: max(count, 0)]
 
 
 # ---- 2. dual-group credit --------------------------------------------------------------------------------------------
@@ -223,36 +96,6 @@ def group_zscores(returns: Sequence[float], eps: float = 1e-6) -> list[float]:
     return [(r - mean) / (std + eps) for r in returns]
 
 
-@dataclass(frozen=True)
-class BranchPoint:
-    """One split of token-level branching: the branch episode `episode_id` of task `task_index` continues step
-    `step` of the initial rollout `origin` after its tokens `[0..token]` (`prefix`), chosen with score `score`
-    (BS, or z(H) on the fallback); `position` is the split token's index among all the origin's action tokens."""
-
-    task_index: int
-    episode_id: int
-    origin: int
-    step: int
-    token: int
-    position: int
-    score: float
-    prefix: tuple[int, ...]
-
-
-def token_offsets(trajectory: Trajectory) -> list[int]:
-    """Index of each step's first action token among all the trajectory's action tokens, in order.
-
-    >>> from trl_agents.trajectory import Step
-    >>> token_offsets(Trajectory(task={}, steps=[Step("o", "a", action_ids=[1, 2]), Step("o", "b", action_ids=[3])]))
-    [0, 2]
-    """
-    offsets, total = [], 0
-    for step in trajectory.steps:
-        offsets.append(total)
-        total += len(step.action_ids)
-    return offsets
-
-
 def reward_scales(trajectory: Trajectory, points: Sequence[BranchPoint], score_max: float,
                   decay: float = 0.9) -> list[float]:
     """M̄ on each step's reward token (the last token of its action; 1 for a step without action tokens): the mean
@@ -280,28 +123,45 @@ def reward_scales(trajectory: Trajectory, points: Sequence[BranchPoint], score_m
     return result
 
 
-def appo_advantages(
-    group: Group,
-    branch_points: Sequence[BranchPoint],
-    *,
-    score_max: float | None = None,
-    prefix_decay: float = 0.9,
-    eps: float = 1e-6,
-    invalid_penalty: float = 0.0,
-) -> tuple[list[list[float | list[float]]], dict[str, float]]:
-    """APPO's dual-group advantages of one task's trajectories, and diagnostics (the released code's math: module
+@dataclass(frozen=True, kw_only=True)
+class APPOParams(CreditParams):
+    """Settings of `appo_advantages` (config fields of `APPOConfig`).
+
+    Attributes:
+        appo_prefix_decay: The 0.9 of M_{b,τ} = 1 + (BS_b / BS_max)·0.9^{t_b − τ} (`prefix_scale`).
+        appo_std_eps: ε of the z-scores (R − μ)/(σ + ε) (the released code: 1e-6).
+        invalid_action_penalty: λ, subtracted on the invalid steps of initial rollouts (default 0 here).
+        branch_points: Run-time input: per group, the `BranchPoint`s the `token_branching` topology recorded for its
+            task; None: no branch point anywhere.
+        score_max: Run-time input: BS_max, the largest split score of the whole batch (every process: the trainer
+            takes the maximum over processes); None: each group's own.
+    """
+
+    invalid_action_penalty: float = 0.0
+    appo_prefix_decay: float = 0.9
+    appo_std_eps: float = 1e-6
+    branch_points: Sequence[Sequence[BranchPoint]] | None = runtime_field(compare=False, repr=False)
+    score_max: float | None = runtime_field()
+
+
+@register_estimator("appo", APPOParams)
+def appo_advantages(groups: Sequence[Group], params: APPOParams) -> tuple[list[list[list[float | list[float]]]], Stats]:
+    """APPO's dual-group advantages of each task's trajectories, and diagnostics (the released code's math: module
     docstring, part 2).
 
     An initial rollout's step rewards are first scaled by `reward_scales` (BS_max = `score_max`, the batch's largest
-    split score; None: this group's), its return R' is their sum. Initial rollouts (no parent; z-scores of R') and
+    split score; None: the group's), its return R' is their sum. Initial rollouts (no parent; z-scores of R') and
     branches (forked; z-scores of their plain returns) are z-scored separately (`group_zscores`, population σ).
     Every step of a branch's path gets 0 (branches give a contrast, not a gradient). An initial rollout o gets A_o
     on its steps, replaced on each action token τ at or before the split position t_b of one of its branches by
     A_o + mean_b A_b (the branches covering τ); then −λ on its invalid steps. Branch points whose branch is not in
     the group (failed) are ignored.
 
-    Returns per trajectory one value per step: a float, or a list with one value per action token on the steps
-    that hold prefix tokens.
+    Returns:
+        (advantages, stats): per group, per trajectory one value per step: a float, or a list with one value per
+        action token on the steps that hold prefix tokens; stats per group, then averaged over the groups:
+        "init_rollouts", "branches", "branch_points", "init_success_rate", "branch_success_rate",
+        "mean_reward_scale" (M̄ on the reward tokens of initial rollouts), "prefix_tokens".
 
     >>> from trl_agents.trajectory import Step
     >>> def rollout(episode_id, reward, parent=None, fork_step=0):
@@ -309,13 +169,26 @@ def appo_advantages(
     ...     return Trajectory(task={}, steps=steps, episode_id=episode_id, parent_id=parent, fork_step=fork_step)
     >>> group = Group(task={}, trajectories=[rollout(0, 1.0), rollout(1, 0.0), rollout(2, 1.0, 0), rollout(3, 0.0, 1)])
     >>> points = [BranchPoint(0, 2, 0, 0, 1, 1, 1.0, (5, 6)), BranchPoint(0, 3, 1, 0, 1, 1, 1.0, (5, 6))]
-    >>> advantages, stats = appo_advantages(group, points, eps=0.0)
+    >>> (advantages,), stats = appo_advantages([group], APPOParams(branch_points=[points], appo_std_eps=0.0))
     >>> # A_o = ±1, A_b = ±1 (population σ = .5); tokens 0, 1 (≤ split 1): A_o + A_b = ±2; token 2: A_o. The rewards
     >>> # sit on token 2, after the split: M leaves them unchanged.
     >>> advantages[0], advantages[1], advantages[2], advantages[3]
     ([[2.0, 2.0, 1.0]], [[-2.0, -2.0, -1.0]], [0.0], [0.0])
     """
-    check_group(group, invalid_penalty)
+    points = [[] for _ in groups] if params.branch_points is None else list(params.branch_points)
+    if len(points) != len(groups):
+        raise ValueError(f"branch_points has {len(points)} entries for {len(groups)} groups (one per group)")
+    results = (_appo_group(group, own, params) for group, own in zip(groups, points, strict=True))
+    return batch_result(results, APPO_STATS)
+
+
+def _appo_group(
+    group: Group, branch_points: Sequence[BranchPoint], params: APPOParams
+) -> tuple[list[list[float | list[float]]], dict[str, float]]:
+    """APPO on one group (`branch_points`: those of its task): its advantages and its diagnostics."""
+    check_group(group)
+    score_max, prefix_decay, eps = params.score_max, params.appo_prefix_decay, params.appo_std_eps
+    invalid_penalty = params.invalid_action_penalty
     trajectories = group.trajectories
     init = [t for t in trajectories if t.parent_id is None]
     branches = [t for t in trajectories if t.parent_id is not None]

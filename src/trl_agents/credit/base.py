@@ -1,14 +1,32 @@
-"""Shared pieces of the credit-assignment (advantage) estimators, and the registry of estimators by name.
+"""Shared pieces of the credit-assignment (advantage) estimators, and the registry that dispatches to them by name.
 
-An estimator is a pure function `estimator(group, **options) -> StepAdvantages`: it reads ONE `Group` (the healthy
-trajectories of one task; the trainer drops infrastructure-failed episodes before calling) and returns, for each
-trajectory of `group.trajectories` (same order), one advantage per step (same order). Empty groups give `[]`,
-zero-step trajectories give `[]` rows.
+Every estimator is ONE pure function with one signature:
 
-Invalid-action penalty λ (`invalid_penalty`), applied to every step row with `step.valid == False`. verl-agent
-subtracts λ from the row's score before its group statistics (docs/concepts/verl_agent_conventions.md, "Invalid
-actions and their penalty"). We follow it when the statistic is taken over step rows, and change the order when it
-is taken over trajectories:
+    x_advantages(groups, params) -> (advantages, stats)
+
+* `groups`: a sequence of `Group`, one per task of the batch (the healthy trajectories of that task; the trainer
+  drops infrastructure-failed episodes before calling). Batch-wide statistics are taken over these groups (and over
+  every training process where the params carry `sum_over_processes`).
+* `params`: a frozen dataclass `XParams` (a `CreditParams`), whose field names are the config field names of the
+  method (`invalid_action_penalty`, `gamma`, `scale_rewards`, ...): `XParams.from_config(args, **runtime)` reads
+  them off a config, `runtime` gives the run-time inputs (fields made with `runtime_field`). Its `__post_init__`
+  validates the settings, once.
+* `advantages`: one entry per group: for each trajectory of the group (same order) one advantage per step (same
+  order), or one list of per-token values per step where the estimator works per token. Empty groups give `[]`,
+  zero-step trajectories give `[]` rows.
+* `stats`: the call's diagnostics, `name -> (total, count)` summed over its groups; a trainer logs each as
+  `<method>/<name>` = Σ total / Σ count over all processes (`AgentGRPOTrainer.estimate`), skipped where Σ count is
+  0; `stat_means` gives the means of one call. Every call returns the same names whatever the groups, so that every
+  process logs the same metrics.
+
+`register_estimator(name, XParams)` records a function with its params class; `get_estimator(name)` returns the
+`Estimator`, from which a caller builds the params (`estimator.from_config(args)`, or `estimator.params(...)`) and
+calls the function (`estimator(groups, params)`).
+
+Invalid-action penalty λ (`invalid_action_penalty`), applied to every step row with `step.valid == False`.
+verl-agent subtracts λ from the row's score before its group statistics (docs/concepts/verl_agent_conventions.md,
+"Invalid actions and their penalty"). We follow it when the statistic is taken over step rows, and change the order
+when it is taken over trajectories:
 
 * statistic over STEP ROWS (verl-agent):   s_{i,t} = R_i − λ·[invalid_{i,t}],  μ, σ over all s_{i,t} of the group,
   A_{i,t} = (s_{i,t} − μ)/(σ + ε)  or  s_{i,t} − μ.
@@ -21,15 +39,18 @@ Example:
     >>> from trl_agents.credit import get_estimator
     >>> from trl_agents.trajectory import Group, Step, Trajectory
     >>> group = Group(task={}, trajectories=[Trajectory(task={}, steps=[Step("s", "a", reward=r)]) for r in (1, 0)])
-    >>> get_estimator("grpo")(group, scale="none")
-    [[0.5], [-0.5]]
+    >>> grpo = get_estimator("grpo")
+    >>> grpo([group], grpo.params(scale_rewards="none"))
+    ([[[0.5], [-0.5]]], {})
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ..envs.parsing import extract_answer
 from ..names import did_you_mean
@@ -38,28 +59,161 @@ from ..trajectory import Group, Step
 StepAdvantages = list[list[float]]
 """One list per trajectory of the group, one advantage per step."""
 
-CreditEstimator = Callable[..., StepAdvantages]
-
-CREDIT_ESTIMATORS: dict[str, CreditEstimator] = {}
+Stats = dict[str, tuple[float, float]]
+"""Diagnostics of one estimator call: name -> (total, count), summed over its groups; the logged value is
+Σ total / Σ count (over every process)."""
 
 STATISTICS = ("trajectories", "step_rows")
+RUNTIME = "runtime"  # field metadata key of the run-time inputs (`runtime_field`)
 
 
-def register_estimator(name: str) -> Callable[[CreditEstimator], CreditEstimator]:
-    """Decorator: register an advantage function under `name` (used by `get_estimator` and configs)."""
+def runtime_field(default: Any = None, **kwargs: Any) -> Any:
+    """A params field that `CreditParams.from_config` does not read from the config: a run-time input, known only
+    when the estimator runs (a state-score table, the policy's hidden states, the all-reduce of the trainer), or a
+    constant of the method that no config sets (an ε). Given as a keyword of `from_config(args, **runtime)`, or
+    left at its default."""
+    return field(default=default, metadata={RUNTIME: True}, **kwargs)
 
-    def decorator(fn: CreditEstimator) -> CreditEstimator:
-        if name in CREDIT_ESTIMATORS and CREDIT_ESTIMATORS[name] is not fn:
+
+def _sum_locally(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreditParams:
+    """The settings of one credit estimator: the base of every `XParams`.
+
+    Field names are config field names (`trainers/agent_grpo_config.py`, the method's config class), so that
+    `XParams.from_config(args)` reads them off a config; fields made with `runtime_field` are run-time inputs
+    instead. Defaults are the estimator's own (not necessarily the config's). Subclasses validate their fields in
+    `__post_init__` (calling this one), once, so that a bad setting fails when the params are built.
+
+    Attributes:
+        invalid_action_penalty: λ, subtracted from the credit of steps whose action the environment rejected (where
+            and how: the module docstring of `trl_agents.credit.base`).
+        sum_over_processes: Run-time input: sums a list of floats elementwise over the training processes (the
+            trainer's all-reduce), for estimators with a batch-wide statistic; None = the groups of the call are the
+            whole batch. Every process must make the same calls.
+    """
+
+    invalid_action_penalty: float = 0.1
+    sum_over_processes: Callable[[Sequence[float]], list[float]] | None = runtime_field(compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.invalid_action_penalty):
+            raise ValueError(f"invalid_penalty must be finite, got {self.invalid_action_penalty}")
+
+    @classmethod
+    def from_config(cls, args: Any, **runtime: Any) -> CreditParams:
+        """These params from a config: every field that is not a run-time input is read off `args` (an attribute of
+        the same name); `runtime` gives run-time inputs, and may override a config value with the one that applies
+        at run time (e.g. a per-group resolution of an "auto" setting).
+
+        >>> from types import SimpleNamespace
+        >>> CreditParams.from_config(SimpleNamespace(invalid_action_penalty=0.5))
+        CreditParams(invalid_action_penalty=0.5)
+        """
+        known = {f.name: f for f in fields(cls) if f.init}
+        unknown = sorted(set(runtime) - set(known))
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}; fields: {', '.join(known)}")
+        from_args = [name for name, f in known.items() if not f.metadata.get(RUNTIME) and name not in runtime]
+        missing = [name for name in from_args if not hasattr(args, name)]
+        if missing:
+            raise ValueError(
+                f"{cls.__name__}.from_config needs the config field(s) {', '.join(map(repr, missing))}, which "
+                f"{type(args).__name__} does not have"
+            )
+        return cls(**{name: getattr(args, name) for name in from_args}, **runtime)
+
+    def summed(self, values: Sequence[float]) -> list[float]:
+        """`values` summed elementwise over the processes (`sum_over_processes`), or as they are without it."""
+        return (self.sum_over_processes or _sum_locally)(values)
+
+
+ANCHORS = ("state_key", "observation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnchorParams(CreditParams):
+    """The settings of the estimators that group step rows by the state they acted from (GiGPO Eq. 6; `anchor_key`).
+
+    Attributes:
+        anchor: What identifies a state: "state_key" (`step.state_key`, or `step.observation` when it is None) or
+            "observation" (the raw current observation text, like verl-agent's `anchor_obs`).
+        similarity_threshold: None for exact keys. A value in (0, 1) clusters text anchors greedily: a row joins the
+            FIRST cluster whose first member has `SequenceMatcher(None, row, first).ratio() >= threshold`, else it
+            opens a new cluster (verl-agent `enable_similarity`; its default threshold is 0.95). O(rows²).
+    """
+
+    anchor: str = "state_key"
+    similarity_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("anchor", self.anchor, ANCHORS)
+        if self.similarity_threshold is not None and not 0.0 < self.similarity_threshold < 1.0:
+            raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {self.similarity_threshold}")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered credit estimator: `function(groups, params) -> (advantages, stats)` and its params class.
+
+    Attributes:
+        name: The registry name.
+        function: The estimator.
+        params: Its `CreditParams` class (`estimator.params(...)` builds params, `estimator.from_config(args)` reads
+            them off a config).
+        metrics: The stats a trainer logs (all when None); the others are diagnostics for direct callers.
+    """
+
+    name: str
+    function: Callable[..., tuple[list, Stats]]
+    params: type[CreditParams]
+    metrics: tuple[str, ...] | None = None
+
+    def __call__(self, groups: Sequence[Group], params: CreditParams) -> tuple[list, Stats]:
+        if not isinstance(params, self.params):
+            raise TypeError(f"the {self.name!r} estimator takes {self.params.__name__}, got {type(params).__name__}")
+        return self.function(groups, params)
+
+    def from_config(self, args: Any, **runtime: Any) -> CreditParams:
+        """`self.params.from_config(args, **runtime)`."""
+        return self.params.from_config(args, **runtime)
+
+    def logged(self, stats: Stats) -> Stats:
+        """The stats a trainer logs (`metrics`)."""
+        return dict(stats) if self.metrics is None else {name: stats[name] for name in self.metrics}
+
+
+CREDIT_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(
+    name: str, params: type[CreditParams], *, metrics: Sequence[str] | None = None
+) -> Callable[[Callable], Callable]:
+    """Decorator: register an estimator `fn(groups, params) -> (advantages, stats)` under `name`, with its params
+    class (used by `get_estimator`, configs and `AgentGRPOTrainer.estimate`); `metrics`: the stats a trainer logs
+    (None: all)."""
+    if not (isinstance(params, type) and issubclass(params, CreditParams)):
+        raise TypeError(f"register_estimator({name!r}, ...) needs a CreditParams subclass, got {params!r}")
+
+    def decorator(fn: Callable) -> Callable:
+        entry = Estimator(name, fn, params, None if metrics is None else tuple(metrics))
+        if name in CREDIT_ESTIMATORS and CREDIT_ESTIMATORS[name] != entry:
             raise ValueError(f"a credit estimator named {name!r} is already registered")
-        CREDIT_ESTIMATORS[name] = fn
+        CREDIT_ESTIMATORS[name] = entry
         return fn
 
     return decorator
 
 
-def get_estimator(name: str) -> CreditEstimator:
-    """The advantage function registered under `name`, or a ValueError listing the known names.
+def get_estimator(name: str) -> Estimator:
+    """The estimator registered under `name`, or a ValueError listing the known names.
 
+    >>> get_estimator("rloo").params
+    <class 'trl_agents.credit.rloo.RLOOParams'>
     >>> get_estimator("gigpp")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -73,16 +227,63 @@ def get_estimator(name: str) -> CreditEstimator:
         raise ValueError(f"Unknown credit estimator {name!r}. Known: {', '.join(known)}.{hint}") from None
 
 
+def group_totals(per_group: Sequence[Mapping[str, float]], names: Sequence[str]) -> Stats:
+    """Each of `names` as (Σ value, number of groups) over per-group diagnostics: logged, their mean over those
+    groups (pass only the groups a mean is over, e.g. those with anchor states).
+
+    >>> group_totals([{"size": 2.0}, {"size": 3.0}], ["size"])
+    {'size': (5.0, 2)}
+    """
+    return {name: (sum(values[name] for values in per_group), len(per_group)) for name in names}
+
+
+def batch_result(
+    results: Iterable[tuple[Any, Mapping[str, float]]],
+    names: Sequence[str],
+    counted: Callable[[Mapping[str, float]], Any] | None = None,
+) -> tuple[list, Stats]:
+    """An estimator's (advantages, stats) from its groups' (advantages, diagnostics), in group order: the advantages,
+    one entry per group, and `names` of the diagnostics as `group_totals` over the groups `counted` keeps (all when
+    None; e.g. those with anchor states).
+
+    >>> batch_result([([[1.0]], {"size": 2.0}), ([], {"size": 0.0})], ["size"], counted=lambda stats: stats["size"])
+    ([[[1.0]], []], {'size': (2.0, 1)})
+    """
+    results = list(results)
+    kept = [stats for _, stats in results if counted is None or counted(stats)]
+    return [advantages for advantages, _ in results], group_totals(kept, names)
+
+
+def stat_means(stats: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """The value of each stat of one call, total / count (0.0 where the count is 0).
+
+    >>> stat_means({"size": (5.0, 2), "rate": (0.0, 0)})
+    {'size': 2.5, 'rate': 0.0}
+    """
+    return {name: total / count if count else 0.0 for name, (total, count) in stats.items()}
+
+
 def check_choice(argument: str, value: str, choices: Sequence[str]) -> None:
     """Raise a ValueError naming the allowed values when `value` is not one of `choices`."""
     if value not in choices:
         raise ValueError(f"{argument} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-def check_group(group: Group, invalid_penalty: float) -> None:
-    """Reject inputs that would make advantages NaN/inf: non-finite rewards or penalty."""
-    if not math.isfinite(invalid_penalty):
-        raise ValueError(f"invalid_penalty must be finite, got {invalid_penalty}")
+def check_positive(name: str, value: float) -> None:
+    """Raise a ValueError naming `name` when `value` is not > 0 (NaN included)."""
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_finite(**values: float) -> None:
+    """Raise a ValueError naming the first of `values` (name=value) that is not a finite number."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+
+
+def check_group(group: Group) -> None:
+    """Reject inputs that would make advantages NaN/inf: non-finite rewards (`CreditParams` checks the penalty)."""
     for index, traj in enumerate(group.trajectories):
         # Any NaN/inf step reward makes the episode return NaN/inf, so one check per trajectory suffices.
         if not math.isfinite(traj.episode_return):

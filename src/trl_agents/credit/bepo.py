@@ -26,14 +26,14 @@ the invalid-action penalty enters once, through A^GRPO, never the graph (our cho
 The floor σ_min guards step 7 (ours): with a few nearly equal gated rows σ_B is tiny, and dividing by it turns a
 Bellman credit of −0.38 into an advantage of −35 (the trajectory s0 (r=2) → s1 (−1) → s0 (1) → s1 (0) of
 docs/methods/bepo.md#our-choices: two gated rows, σ_B = 0.0055). With σ_min = 1 the normalisation only ever shrinks
-the Bellman credit (to unit spread), never amplifies it. `bepo_batch_advantages` takes σ_B over the whole batch, as
-the paper's text says.
+the Bellman credit (to unit spread), never amplifies it. With `bellman_norm="batch_std"`, σ_B is taken over the whole
+batch (every group of the call, and every process with `sum_over_processes`), as the paper's text says.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
 
@@ -42,14 +42,16 @@ from scipy import sparse
 from scipy.sparse.linalg import spsolve
 
 from ..trajectory import Group
-from .base import StepAdvantages, canonical_action, check_choice, mean_std, register_estimator
+from .base import (AnchorParams, Stats, StepAdvantages, batch_result, canonical_action, check_choice, check_positive,
+                   mean_std, register_estimator, runtime_field)
 from .ecpo import group_anchors
-from .grpo import grpo_advantages
+from .grpo import GRPOOutcomeParams
 
 GATES = ("successors", "actions", "none")
 MIXINGS = ("visits", "fixed")
 BELLMAN_NORMS = ("batch_std", "std", "none")
-"""Scale of the Bellman credit: σ_B over the gated rows of the batch (`bepo_batch_advantages`), of each group, or 1."""
+"""Scale of the Bellman credit: σ_B over the gated rows of the batch, of each group, or 1."""
+BEPO_STATS = ("num_states", "gated_row_fraction", "bellman_std")
 
 SUCCESS_EXIT, FAILURE_EXIT = -1, -2
 """Successor indices of the absorbing nodes z⁺ and z⁻ (anchors are numbered 0..K−1)."""
@@ -93,8 +95,8 @@ def bellman_credit(
 ) -> BellmanCredit:
     """Empirical graph, mean-backup values V, TD residuals δ, their GAE A^B and the confidence gate of one group.
 
-    The arguments are those of `bepo_advantages_with_stats` (`lam` is the GAE λ). Raises a ValueError on non-finite
-    rewards.
+    The arguments are those of `BEPOParams` (`gamma`, `lam` = `gae_lambda`, `gate` = `bepo_gate`, `anchor`,
+    `similarity_threshold`, `merge_invalid_actions`). Raises a ValueError on non-finite rewards.
 
     Example (docs/methods/bepo.md#hand-computed-case, β = λ = 1: A, D: s0→s1→✓; B: s0→s1→✗; C: s0→s2→✗):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
@@ -108,14 +110,7 @@ def bellman_credit(
         >>> [[round(a, 4) for a in row] for row in credit.advantages[:3]], credit.gated[2]
         ([[0.5, 0.3333], [-0.5, -0.6667], [-0.5, 0.0]], [True, False])
     """
-    check_choice("gate", gate, GATES)
-    check_choice("anchor", anchor, ("state_key", "observation"))
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma (the discount β) must be in (0, 1], got {gamma}")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam (the GAE λ) must be in [0, 1], got {lam}")
-    if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
-        raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {similarity_threshold}")
+    _check_graph_settings(gamma, lam, gate, anchor, similarity_threshold)
 
     # Step 1: number the anchors; every step row is one observed transition s → x with its reward r. Rows are
     # flattened trajectory by trajectory: x is the next row's anchor, or z⁺/z⁻ after a trajectory's last row.
@@ -192,6 +187,17 @@ def bellman_credit(
     )
 
 
+def _check_graph_settings(gamma: float, lam: float, gate: str, anchor: str, similarity_threshold: float | None) -> None:
+    check_choice("gate", gate, GATES)
+    check_choice("anchor", anchor, ("state_key", "observation"))
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma (the discount β) must be in (0, 1], got {gamma}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam (the GAE λ) must be in [0, 1], got {lam}")
+    if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
+        raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {similarity_threshold}")
+
+
 def _distinct_per_anchor(anchors: np.ndarray, labels: np.ndarray, num_nodes: int) -> np.ndarray:
     """For each anchor 0..num_nodes−1, how many distinct non-negative `labels` its rows carry."""
     if not len(anchors):
@@ -201,28 +207,65 @@ def _distinct_per_anchor(anchors: np.ndarray, labels: np.ndarray, num_nodes: int
     return np.bincount(pairs // base, minlength=num_nodes)
 
 
-@register_estimator("bepo")
-def bepo_advantages(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    lam: float = 0.95,
-    gate: str = "successors",
-    mixing: str = "visits",
-    n0: float = 4.0,
-    bellman_norm: str = "std",
-    std_floor: float = 1.0,
-    episode_scale: str = "group",
-    episode_statistic: str = "trajectories",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    merge_invalid_actions: bool = True,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> StepAdvantages:
-    """Gated-BEPO advantages A = A^GRPO + g·w·Â^B for every step of every trajectory of `group`.
+@dataclass(frozen=True, kw_only=True)
+class BEPOParams(AnchorParams, GRPOOutcomeParams):
+    """Settings of `bepo_advantages` (config fields of `BEPOConfig`).
 
-    See `bepo_advantages_with_stats` for the arguments; this returns only the advantages.
+    Attributes:
+        gamma: β ∈ (0, 1], discount of the backup, the TD residuals and the GAE (our choice 0.95, verl-agent's γ;
+            CRBC used 0.98; docs/methods/bepo.md#our-choices).
+        gae_lambda: GAE λ ∈ [0, 1] (our choice 0.95, step 5 [D]); 0 gives the one-step credit Q − V of CRBC, 1 gives
+            the discounted return minus V(s_t).
+        bepo_gate: "successors": open at anchors with ≥ 2 distinct observed successors, z⁺/z⁻ included (our choice,
+            step 6 [D]); "actions": ≥ 2 distinct canonical actions (CRBC Eq. 13); "none": always open (the
+            "+fixed-point credit" ablation).
+        bepo_mixing: "visits": w = min(1, N(s)/n0) (our choice, step 7 [D] "adaptive mixing"); "fixed": w = 1.
+        mixing_n0: n0, visits at which the Bellman credit gets full weight (our choice 4, step 7 [D]).
+        bellman_norm: "batch_std": A^B divided by (max(σ_B, bellman_std_floor) + ε), σ_B the Bessel std of A^B over
+            the gated rows of the whole batch (every group of the call, summed over the processes with
+            `sum_over_processes`); "std": the same with σ_B over each group's gated rows; "none": no division. Our
+            choice, step 7 [D]; docs/methods/bepo.md#our-choices.
+        bellman_std_floor: σ_min ≥ 0, the least σ_B divided by (our choice 1.0: the normalisation never amplifies
+            the Bellman credit; 0 = the bare std, which blows up over a few nearly equal gated rows).
+        scale_rewards, credit_statistic: A^GRPO (`GRPOOutcomeParams`).
+        anchor, similarity_threshold: What identifies a graph node (`AnchorParams`).
+        merge_invalid_actions: Treat every rejected action as one canonical action (only `bepo_gate="actions"` reads
+            actions: in the mean backup μ(a|s)·P(x|s,a) sums to N(s→x)/N(s) whatever the action labels).
+        invalid_action_penalty: λ, for steps with `valid=False`; enters A^GRPO only.
+        eps: ε of the Bellman normalisation; not a config field.
+    """
+
+    gamma: float = 0.95
+    gae_lambda: float = 0.95
+    bepo_gate: str = "successors"
+    bepo_mixing: str = "visits"
+    mixing_n0: float = 4.0
+    bellman_norm: str = "std"
+    bellman_std_floor: float = 1.0
+    merge_invalid_actions: bool = True
+    eps: float = runtime_field(1e-6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_graph_settings(self.gamma, self.gae_lambda, self.bepo_gate, self.anchor, self.similarity_threshold)
+        check_choice("mixing", self.bepo_mixing, MIXINGS)
+        check_choice("bellman_norm", self.bellman_norm, BELLMAN_NORMS)
+        if not (math.isfinite(self.mixing_n0) and self.mixing_n0 > 0):
+            raise ValueError(f"n0 must be > 0, got {self.mixing_n0}")
+        check_positive("eps", self.eps)
+        floor = self.bellman_std_floor
+        if not (math.isfinite(floor) and floor >= 0):
+            raise ValueError(f"std_floor (bellman_std_floor) must be a finite number >= 0, got {floor}")
+
+
+@register_estimator("bepo", BEPOParams)
+def bepo_advantages(groups: Sequence[Group], params: BEPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """Gated-BEPO advantages A = A^GRPO + g·w·Â^B for every step of every trajectory of every group.
+
+    Returns:
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the groups
+        with steps: "num_states" (graph nodes besides z⁺/z⁻), "gated_row_fraction" (step rows whose gate is open),
+        "bellman_std" (the σ_B divided by, before the floor; 0 for a group without a gated row).
 
     Example (the toy group of docs/methods/bepo.md, β = λ = 1, the bare σ_B = √(5/18) without the floor; the gate of
     s2 is closed, so C's last step keeps A^GRPO):
@@ -231,161 +274,57 @@ def bepo_advantages(
         ...     steps = [Step("s0", "a"), Step(second_state, "b", reward=reward)]
         ...     return Trajectory(task={}, steps=steps, success=reward > 0)
         >>> group = Group(task={}, trajectories=[episode(*c) for c in [("s1", 1), ("s1", 0), ("s2", 0), ("s1", 1)]])
-        >>> [[round(a, 4) for a in row] for row in bepo_advantages(group, gamma=1.0, lam=1.0, std_floor=0.0)]
+        >>> (bare,), _ = bepo_advantages([group], BEPOParams(gamma=1.0, gae_lambda=1.0, bellman_std_floor=0.0))
+        >>> [[round(a, 4) for a in row] for row in bare]
         [[1.8146, 1.3402], [-1.8146, -1.8146], [-1.8146, -0.8659], [1.8146, 1.3402]]
-        >>> [[round(a, 4) for a in row] for row in bepo_advantages(group, gamma=1.0, lam=1.0)]  # σ_min = 1 > σ_B
+        >>> (floored,), _ = bepo_advantages([group], BEPOParams(gamma=1.0, gae_lambda=1.0))  # σ_min = 1 > σ_B
+        >>> [[round(a, 4) for a in row] for row in floored]
         [[1.3659, 1.1159], [-1.3659, -1.3659], [-1.3659, -0.8659], [1.3659, 1.1159]]
     """
-    advantages, _ = bepo_advantages_with_stats(
-        group,
-        gamma=gamma,
-        lam=lam,
-        gate=gate,
-        mixing=mixing,
-        n0=n0,
-        bellman_norm=bellman_norm,
-        std_floor=std_floor,
-        episode_scale=episode_scale,
-        episode_statistic=episode_statistic,
-        anchor=anchor,
-        similarity_threshold=similarity_threshold,
-        merge_invalid_actions=merge_invalid_actions,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    return advantages
+    parts = [_bepo_parts(group, params) for group in groups]
+    sigma = None
+    if params.bellman_norm == "batch_std":  # σ_B over the gated rows of the whole batch (every process)
+        values = [value for _, bellman in parts for value in _gated_values(bellman)]
+        totals = (float(sum(values)), float(sum(v * v for v in values)), float(len(values)))
+        sigma = pooled_std(tuple(params.summed(totals)))
+    results = (_fuse(episode, bellman, params, sigma) for episode, bellman in parts)
+    return batch_result(results, BEPO_STATS, counted=lambda stats: stats["num_states"])
 
 
-def bepo_advantages_with_stats(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    lam: float = 0.95,
-    gate: str = "successors",
-    mixing: str = "visits",
-    n0: float = 4.0,
-    bellman_norm: str = "std",
-    std_floor: float = 1.0,
-    bellman_sigma: float | None = None,
-    episode_scale: str = "group",
-    episode_statistic: str = "trajectories",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    merge_invalid_actions: bool = True,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """Gated-BEPO advantages plus graph diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task.
-        gamma: β ∈ (0, 1], discount of the backup, the TD residuals and the GAE (our choice 0.95, verl-agent's γ;
-            CRBC used 0.98; docs/methods/bepo.md#our-choices).
-        lam: GAE λ ∈ [0, 1] (our choice 0.95, step 5 [D]); 0 gives the one-step credit Q − V of CRBC, 1 gives the
-            discounted return minus V(s_t).
-        gate: "successors": open at anchors with ≥ 2 distinct observed successors, z⁺/z⁻ included (our choice,
-            step 6 [D]); "actions": ≥ 2 distinct canonical actions (CRBC Eq. 13); "none": always open (the
-            "+fixed-point credit" ablation).
-        mixing: "visits": w = min(1, N(s)/n0) (our choice, step 7 [D] "adaptive mixing"); "fixed": w = 1.
-        n0: Visits at which the Bellman credit gets full weight (our choice 4, step 7 [D]).
-        bellman_norm: "batch_std": A^B divided by (max(σ_B, std_floor) + ε), σ_B = `bellman_sigma`, the Bessel std
-            of A^B over the gated rows of the whole batch (`bepo_batch_advantages` computes it; without it, this
-            group's); "std": the same with σ_B over this group's gated rows; "none": no division. Our choice,
-            step 7 [D]; docs/methods/bepo.md#our-choices.
-        std_floor: σ_min ≥ 0, the least σ_B divided by (our choice 1.0: the normalisation never amplifies the
-            Bellman credit; 0 = the bare std, which blows up over a few nearly equal gated rows).
-        bellman_sigma: σ_B of the batch for `bellman_norm="batch_std"`.
-        episode_scale, episode_statistic: A^GRPO, as `grpo_advantages(scale=..., statistic=...)`.
-        anchor, similarity_threshold: What identifies a graph node, as in `gigpo_advantages`.
-        merge_invalid_actions: Treat every rejected action as one canonical action (only `gate="actions"` reads
-            actions: in the mean backup μ(a|s)·P(x|s,a) sums to N(s→x)/N(s) whatever the action labels).
-        invalid_penalty: λ, for steps with `valid=False`; enters A^GRPO only.
-        eps: ε of the Bellman normalisation.
-
-    Returns:
-        (advantages, stats): one list per trajectory with one advantage per step, and {"num_states": graph nodes
-        besides z⁺/z⁻, "gated_row_fraction": fraction of the step rows whose gate is open, "bellman_std": the σ_B
-        divided by (before the floor; 0 when no row is gated)}; all 0 for a group without steps.
-    """
-    parts = bepo_parts(
-        group, gamma=gamma, lam=lam, gate=gate, episode_scale=episode_scale, episode_statistic=episode_statistic,
-        anchor=anchor, similarity_threshold=similarity_threshold, merge_invalid_actions=merge_invalid_actions,
-        invalid_penalty=invalid_penalty,
-    )
-    if bellman_norm == "batch_std" and bellman_sigma is None:
-        bellman_sigma = mean_std(parts.gated_values())[1]
-    return fuse_bepo(parts, mixing=mixing, n0=n0, bellman_norm=bellman_norm, std_floor=std_floor,
-                     bellman_sigma=bellman_sigma, eps=eps)
-
-
-@dataclass(frozen=True)
-class BEPOParts:
-    """A group's GRPO episode advantages and its Bellman credit (steps 1-6), before the fusion of step 7."""
-
-    episode: StepAdvantages
-    bellman: BellmanCredit
-
-    def gated_values(self) -> list[float]:
-        """A^B of the gated rows."""
-        return [value for values, gated in zip(self.bellman.advantages, self.bellman.gated, strict=True)
-                for value, open_ in zip(values, gated, strict=True) if open_]
-
-
-def bepo_parts(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    lam: float = 0.95,
-    gate: str = "successors",
-    episode_scale: str = "group",
-    episode_statistic: str = "trajectories",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    merge_invalid_actions: bool = True,
-    invalid_penalty: float = 0.1,
-) -> BEPOParts:
-    """Steps 1-6 for one group: A^GRPO (with its invalid-action rule; it also rejects non-finite rewards and
-    penalties) and the Bellman credit (graph, V, δ, A^B, gate)."""
-    episode = grpo_advantages(group, scale=episode_scale, statistic=episode_statistic, invalid_penalty=invalid_penalty)
+def _bepo_parts(group: Group, params: BEPOParams) -> tuple[StepAdvantages, BellmanCredit]:
+    """Steps 1-6 for one group: A^GRPO (with its invalid-action rule; it also rejects non-finite rewards) and the
+    Bellman credit (graph, V, δ, A^B, gate)."""
+    episode = params.episode_advantages(group)
     bellman = bellman_credit(
-        group, gamma=gamma, lam=lam, gate=gate, anchor=anchor, similarity_threshold=similarity_threshold,
-        merge_invalid_actions=merge_invalid_actions,
+        group, gamma=params.gamma, lam=params.gae_lambda, gate=params.bepo_gate, anchor=params.anchor,
+        similarity_threshold=params.similarity_threshold, merge_invalid_actions=params.merge_invalid_actions,
     )
-    return BEPOParts(episode, bellman)
+    return episode, bellman
 
 
-def fuse_bepo(
-    parts: BEPOParts,
-    *,
-    mixing: str = "visits",
-    n0: float = 4.0,
-    bellman_norm: str = "std",
-    std_floor: float = 1.0,
-    bellman_sigma: float | None = None,
-    eps: float = 1e-6,
+def _gated_values(bellman: BellmanCredit) -> list[float]:
+    """A^B of the gated rows."""
+    return [value for values, gated in zip(bellman.advantages, bellman.gated, strict=True)
+            for value, open_ in zip(values, gated, strict=True) if open_]
+
+
+def _fuse(
+    episode: StepAdvantages, bellman: BellmanCredit, params: BEPOParams, batch_sigma: float | None
 ) -> tuple[StepAdvantages, dict[str, float]]:
-    """Step 7: Â^B = A^B/(max(σ_B, σ_min) + ε) over the gated rows; A = A^GRPO + g·w·Â^B (see
-    `bepo_advantages_with_stats` for the arguments and the returned stats)."""
-    check_choice("mixing", mixing, MIXINGS)
-    check_choice("bellman_norm", bellman_norm, BELLMAN_NORMS)
-    if not (math.isfinite(n0) and n0 > 0):
-        raise ValueError(f"n0 must be > 0, got {n0}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if not (math.isfinite(std_floor) and std_floor >= 0):
-        raise ValueError(f"std_floor (bellman_std_floor) must be a finite number >= 0, got {std_floor}")
-    episode, bellman = parts.episode, parts.bellman
+    """Step 7 for one group: Â^B = A^B/(max(σ_B, σ_min) + ε) over the gated rows; A = A^GRPO + g·w·Â^B. σ_B is
+    `batch_sigma` with `bellman_norm="batch_std"`. Returns the advantages and the group's stats (`BEPO_STATS`)."""
     a_e = np.array(list(chain.from_iterable(episode)), dtype=np.float64)
     a_b = np.array(list(chain.from_iterable(bellman.advantages)), dtype=np.float64)
     gated = np.array(list(chain.from_iterable(bellman.gated)), dtype=bool)
     visits = np.array(list(chain.from_iterable(bellman.row_visits)), dtype=np.float64)
     gated_count = int(gated.sum())
-    if bellman_norm == "std" or (bellman_norm == "batch_std" and bellman_sigma is None):
+    if params.bellman_norm == "std":
         sigma = mean_std(a_b[gated].tolist())[1]
     else:
-        sigma = float(bellman_sigma) if bellman_norm == "batch_std" else 0.0
-    denominator = max(sigma, std_floor) + eps if bellman_norm != "none" else 1.0  # σ_min keeps Â^B from blowing up
-    weight = np.minimum(1.0, visits / n0) if mixing == "visits" else 1.0
+        sigma = float(batch_sigma) if params.bellman_norm == "batch_std" else 0.0
+    # σ_min keeps Â^B from blowing up
+    denominator = max(sigma, params.bellman_std_floor) + params.eps if params.bellman_norm != "none" else 1.0
+    weight = np.minimum(1.0, visits / params.mixing_n0) if params.bepo_mixing == "visits" else 1.0
     fused = np.where(gated, a_e + weight * a_b / denominator, a_e).tolist()  # A = A^GRPO + g·w·A^B/(σ + ε)
     advantages: StepAdvantages = []
     offset = 0
@@ -414,28 +353,3 @@ def pooled_std(totals: tuple[float, float, float]) -> float:
     mean = total / count
     return math.sqrt(max(squares - count * mean * mean, 0.0) / (count - 1))
 
-
-def bepo_batch_advantages(
-    groups: list[Group], *, reduce=None, **options
-) -> tuple[list[StepAdvantages], list[dict[str, float]]]:
-    """Gated-BEPO over a batch of groups with σ_B over the gated rows of all of them (`bellman_norm="batch_std"`).
-
-    Args:
-        groups: The batch's groups (on this process).
-        reduce: Sums (Σx, Σx², n) over processes (the trainer's all-reduce), so σ_B is the whole batch's; None = this
-            process's groups.
-        options: As `bepo_advantages_with_stats` (`bellman_sigma` is computed here).
-
-    Returns:
-        (advantages per group, stats per group).
-    """
-    fuse_options = {key: options.pop(key) for key in ("mixing", "n0", "bellman_norm", "std_floor", "eps")
-                    if key in options}
-    parts = [bepo_parts(group, **options) for group in groups]
-    sigma = None
-    if fuse_options.get("bellman_norm", "std") == "batch_std":
-        values = [value for part in parts for value in part.gated_values()]
-        totals = (float(sum(values)), float(sum(v * v for v in values)), float(len(values)))
-        sigma = pooled_std(reduce(totals) if reduce is not None else totals)
-    results = [fuse_bepo(part, bellman_sigma=sigma, **fuse_options) for part in parts]
-    return [advantages for advantages, _ in results], [stats for _, stats in results]

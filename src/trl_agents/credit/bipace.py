@@ -31,7 +31,8 @@ Example (two states in 2-D, one taken twice with different actions):
     ...     Trajectory(task={}, steps=[Step("s", "<action>left</action>", reward=1.0)]),
     ...     Trajectory(task={}, steps=[Step("s", "<action>right</action>", reward=0.0)]),
     ...     Trajectory(task={}, steps=[Step("u", "<action>left</action>", reward=0.0)])])
-    >>> advantages = bipace_advantages(group, hidden_states=[[1.0, 0.0], [1.0, 0.01], [0.0, 1.0]], epsilon=0.05)
+    >>> params = BiPACEParams(hidden_states=[[[1.0, 0.0], [1.0, 0.01], [0.0, 1.0]]], cluster_epsilon=0.05)
+    >>> (advantages,), _ = bipace_advantages([group], params)
     >>> [[round(a, 4) for a in row] for row in advantages]  # A^ep = R − 1/3, Â^S = ±0.5 in the cluster {s, s}
     [[1.1667], [-0.8333], [-0.3333]]
 """
@@ -40,21 +41,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..trajectory import Group, Step
-from .base import (
-    StepAdvantages,
-    canonical_action,
-    check_choice,
-    check_group,
-    discounted_returns,
-    episode_advantages,
-    mean_std,
-    register_estimator,
-)
+from .base import (CreditParams, Stats, StepAdvantages, batch_result, canonical_action, check_choice, check_finite,
+                   check_group, check_positive, discounted_returns, episode_advantages, mean_std, register_estimator,
+                   runtime_field)
 
 PACE_ESTIMATORS = ("q_style", "diff_peer")
 ACTION_KEYS = ("action_tag", "first_tokens")
@@ -62,120 +57,100 @@ CENTROIDS = ("mean", "first")
 EPISODE_MODES = ("mean_norm", "mean_std_norm")
 FIRST_TOKENS = 8  # the README's `first-token` key: the first 8 response tokens (docs/methods/bipace.md#equations)
 DISTANCE_TOLERANCE = 1e-6  # rounding slack on d ≤ ε (float32 states), so identical directions always meet ε = 0
+BIPACE_METRICS = ("mean_cluster_size", "singleton_cluster_fraction", "mixed_action_cluster_fraction")
 
 
-@register_estimator("bipace")
-def bipace_advantages(
-    group: Group,
-    *,
-    hidden_states: Any = None,
-    epsilon: float = 0.05,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    estimator: str = "q_style",
-    action_key: str = "action_tag",
-    centroid: str = "mean",
-    episode_mode: str = "mean_norm",
-    statistic: str = "step_rows",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> StepAdvantages:
-    """BiPACE advantages A = A^ep + w·Â^S for every step of every trajectory of `group`.
+@dataclass(frozen=True, kw_only=True)
+class BiPACEParams(CreditParams):
+    """Settings of `bipace_advantages` (config fields of `BiPACEConfig`).
 
-    See `bipace_advantages_with_stats` for the arguments; this returns only the advantages.
-    """
-    advantages, _ = bipace_advantages_with_stats(
-        group,
-        hidden_states=hidden_states,
-        epsilon=epsilon,
-        gamma=gamma,
-        omega=omega,
-        estimator=estimator,
-        action_key=action_key,
-        centroid=centroid,
-        episode_mode=episode_mode,
-        statistic=statistic,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    return advantages
-
-
-def bipace_advantages_with_stats(
-    group: Group,
-    *,
-    hidden_states: Any = None,
-    epsilon: float = 0.05,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    estimator: str = "q_style",
-    action_key: str = "action_tag",
-    centroid: str = "mean",
-    episode_mode: str = "mean_norm",
-    statistic: str = "step_rows",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """BiPACE advantages plus cluster diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task.
-        hidden_states: One row per step of the group, trajectory by trajectory then step by step: the policy's
-            hidden state of that step's prompt (a 2-D array-like, any width). None clusters by exact state key
-            (`step.state_key`, else the observation text): the ε = 0 identity-embedder case.
-        epsilon: ε, the largest cosine distance to a centroid that joins its cluster (README: 0.05 for
+    Attributes:
+        cluster_epsilon: ε, the largest cosine distance to a centroid that joins its cluster (README: 0.05 for
             Qwen2.5-1.5B, 0.10 for 7B). In [0, 2].
         gamma: γ of the step returns (GiGPO: 0.95).
-        omega: w, weight of the step advantage (`step_advantage_w`, GiGPO default 1).
-        estimator: "q_style" (Q̂ − V̂, the README's default) or "diff_peer" (ρ minus the mean of the peers that took
-            another action).
+        step_advantage_w: w, weight of the step advantage (GiGPO default 1).
+        pace_estimator: "q_style" (Q̂ − V̂, the README's default) or "diff_peer" (ρ minus the mean of the peers that
+            took another action).
         action_key: "action_tag": the env's canonical action `step.info["action"]` when present, else the answer
             region of the reply (`<action>` body, `extract_answer`), lower-cased with whitespace collapsed;
             "first_tokens": the first 8 action token ids.
         centroid: "mean": the re-normalised running mean of the members' unit vectors (our choice,
-            docs/methods/bipace.md#our-choices);
-            "first": the first member's (as GiGPO's similarity mode compares with a cluster's first member).
+            docs/methods/bipace.md#our-choices); "first": the first member's (as GiGPO's similarity mode compares
+            with a cluster's first member).
         episode_mode: Normalisation of A^ep: "mean_norm" (R − μ) or "mean_std_norm" ((R − μ)/(σ + eps)). Â^S is not
             normalised (Q̂ − V̂ is already centred; docs/methods/bipace.md#our-choices).
-        statistic: Population of A^ep's μ, σ: "step_rows" (verl-agent) or "trajectories" (see
+        episode_statistic: Population of A^ep's μ, σ: "step_rows" (verl-agent) or "trajectories" (see
             `trl_agents.credit.base`); a population of one gets μ = 0, σ = 1 as in verl-agent GiGPO.
-        invalid_penalty: λ, on steps with `valid=False`, in A^ep and in ρ.
-        eps: ε of `mean_std_norm`.
+        invalid_action_penalty: λ, on steps with `valid=False`, in A^ep and in ρ.
+        hidden_states: Run-time input, one entry per group (None: every group clusters by exact state key): one row
+            per step of the group, trajectory by trajectory then step by step, the policy's hidden state of that
+            step's prompt (a 2-D array-like, any width); an entry None clusters that group by exact state key
+            (`step.state_key`, else the observation text): the ε = 0 identity-embedder case.
+        eps: ε of `mean_std_norm`; not a config field.
+    """
+
+    cluster_epsilon: float = 0.05
+    gamma: float = 0.95
+    step_advantage_w: float = 1.0
+    pace_estimator: str = "q_style"
+    action_key: str = "action_tag"
+    centroid: str = "mean"
+    episode_mode: str = "mean_norm"
+    episode_statistic: str = "step_rows"
+    hidden_states: Sequence[Any] | None = runtime_field(compare=False, repr=False)
+    eps: float = runtime_field(1e-6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("estimator", self.pace_estimator, PACE_ESTIMATORS)
+        check_choice("action_key", self.action_key, ACTION_KEYS)
+        check_choice("centroid", self.centroid, CENTROIDS)
+        check_choice("episode_mode", self.episode_mode, EPISODE_MODES)
+        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_finite(gamma=self.gamma, omega=self.step_advantage_w)
+        epsilon = self.cluster_epsilon
+        if not (isinstance(epsilon, (int, float)) and 0.0 <= epsilon <= 2.0):
+            raise ValueError(f"epsilon must be a cosine distance in [0, 2], got {epsilon!r}")
+        check_positive("eps", self.eps)
+
+
+@register_estimator("bipace", BiPACEParams, metrics=BIPACE_METRICS)
+def bipace_advantages(groups: Sequence[Group], params: BiPACEParams) -> tuple[list[StepAdvantages], Stats]:
+    """BiPACE advantages A = A^ep + w·Â^S for every step of every trajectory of every group.
 
     Returns:
-        (advantages, stats): one list per trajectory with one advantage per step, and {"num_clusters",
-        "mean_cluster_size" (step rows per cluster), "singleton_fraction" (clusters of one row),
-        "mixed_action_fraction" (clusters whose members took at least two different actions: the only ones with a
-        non-zero Â^S)}; all 0 for a group without steps.
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the groups
+        with steps: "num_clusters", "mean_cluster_size" (step rows per cluster), "singleton_cluster_fraction"
+        (clusters of one row), "mixed_action_cluster_fraction" (clusters whose members took at least two different
+        actions: the only ones with a non-zero Â^S). A trainer logs all but the first.
     """
-    check_choice("estimator", estimator, PACE_ESTIMATORS)
-    check_choice("action_key", action_key, ACTION_KEYS)
-    check_choice("centroid", centroid, CENTROIDS)
-    check_choice("episode_mode", episode_mode, EPISODE_MODES)
-    check_group(group, invalid_penalty)
-    for name, value in (("gamma", gamma), ("omega", omega)):
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value}")
-    if not (isinstance(epsilon, (int, float)) and 0.0 <= epsilon <= 2.0):
-        raise ValueError(f"epsilon must be a cosine distance in [0, 2], got {epsilon!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    hidden_states = [None] * len(groups) if params.hidden_states is None else list(params.hidden_states)
+    if len(hidden_states) != len(groups):
+        raise ValueError(f"hidden_states has {len(hidden_states)} entries for {len(groups)} groups (one per group)")
+    results = (_bipace_group(group, matrix, params) for group, matrix in zip(groups, hidden_states, strict=True))
+    return batch_result(results, ("num_clusters", *BIPACE_METRICS), counted=lambda stats: stats["num_clusters"])
+
+
+def _bipace_group(group: Group, hidden_states: Any, params: BiPACEParams) -> tuple[StepAdvantages, dict]:
+    """BiPACE on one group (`hidden_states`: its step vectors, or None for exact state keys)."""
+    check_group(group)
+    invalid_penalty = params.invalid_action_penalty
     steps = [step for traj in group.trajectories for step in traj.steps]
 
     # A^ep: GiGPO Eq. 3 (verl-agent: a population of one gets mean 0, std 1).
     episode = episode_advantages(
         group,
-        scale=episode_mode == "mean_std_norm",
-        statistic=statistic,
+        scale=params.episode_mode == "mean_std_norm",
+        statistic=params.episode_statistic,
         invalid_penalty=invalid_penalty,
-        eps=eps,
+        eps=params.eps,
         singleton_stats=(0.0, 1.0),
     )
 
     # ρ: discounted step returns (GiGPO Eq. 5) with the local invalid-action penalty.
     returns: list[float] = []
     for traj in group.trajectories:
-        discounted = discounted_returns([step.reward for step in traj.steps], gamma)
+        discounted = discounted_returns([step.reward for step in traj.steps], params.gamma)
         for step, ret in zip(traj.steps, discounted, strict=True):
             returns.append(ret - invalid_penalty if not step.valid else ret)
 
@@ -183,15 +158,17 @@ def bipace_advantages_with_stats(
     if hidden_states is None:
         clusters = _exact_state_clusters(steps)
     else:
-        clusters = greedy_cosine_clusters(_checked_vectors(hidden_states, len(steps)), epsilon, centroid)
+        clusters = greedy_cosine_clusters(
+            _checked_vectors(hidden_states, len(steps)), params.cluster_epsilon, params.centroid
+        )
 
     # PACE: action-conditioned peer baselines inside each cluster.
-    keys = [step_action_key(step, action_key) for step in steps]
-    step_advantages = pace_step_advantages(returns, clusters, keys, estimator)
+    keys = [step_action_key(step, params.action_key) for step in steps]
+    step_advantages = pace_step_advantages(returns, clusters, keys, params.pace_estimator)
 
     # A = A^ep + w·Â^S.
     advantages: StepAdvantages = []
-    offset = 0
+    offset, omega = 0, params.step_advantage_w
     for episode_row in episode:
         advantages.append([a_ep + omega * step_advantages[offset + t] for t, a_ep in enumerate(episode_row)])
         offset += len(episode_row)
@@ -265,7 +242,7 @@ def unit_gram(vectors: Any) -> np.ndarray:
 
 
 def step_action_key(step: Step, kind: str = "action_tag") -> Hashable:
-    """The action key x(a) PACE compares (see `bipace_advantages_with_stats`, `action_key`).
+    """The action key x(a) PACE compares (see `BiPACEParams.action_key`).
 
     >>> step_action_key(Step("s", "<think>the box is left</think><action> Go  LEFT </action>"))
     'go left'
@@ -367,10 +344,11 @@ def _cluster_stats(clusters: Sequence[int], keys: Sequence[Hashable]) -> dict[st
         sizes[cluster] = sizes.get(cluster, 0) + 1
     count = len(sizes)
     if not count:
-        return {"num_clusters": 0, "mean_cluster_size": 0.0, "singleton_fraction": 0.0, "mixed_action_fraction": 0.0}
+        return {"num_clusters": 0, "mean_cluster_size": 0.0, "singleton_cluster_fraction": 0.0,
+                "mixed_action_cluster_fraction": 0.0}
     return {
         "num_clusters": count,
         "mean_cluster_size": len(clusters) / count,
-        "singleton_fraction": sum(size == 1 for size in sizes.values()) / count,
-        "mixed_action_fraction": sum(len(a) > 1 for a in actions.values()) / count,
+        "singleton_cluster_fraction": sum(size == 1 for size in sizes.values()) / count,
+        "mixed_action_cluster_fraction": sum(len(a) > 1 for a in actions.values()) / count,
     }

@@ -45,7 +45,8 @@ paths — and from the single backbone):
     ... ]
     >>> sibling_sets(Group(task={}, trajectories=paths))
     [SiblingSet(parent_id=0, fork_step=2, members=(0, 1, 2, 3))]
-    >>> [[round(a, 4) for a in row] for row in bpo_advantages(Group(task={}, trajectories=paths))]
+    >>> (advantages,), _ = bpo_advantages([Group(task={}, trajectories=paths)], BPOParams())
+    >>> [[round(a, 4) for a in row] for row in advantages]
     [[0.0, 0.0, 0.6667], [0.0, 0.0, -0.6667], [0.0, 0.0, -0.6667], [0.0, 0.0, 0.6667]]
 """
 
@@ -56,7 +57,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..trajectory import Group
-from .base import StepAdvantages, check_group, register_estimator
+from .base import CreditParams, Stats, StepAdvantages, batch_result, check_group, register_estimator
+
+BPO_METRICS = ("num_sibling_sets", "mean_siblings", "zero_advantage_set_fraction", "mean_fork_step")
+BPO_STATS = (*BPO_METRICS, "mean_abs_sibling_advantage", "num_backbones", "num_branches")
 
 
 @dataclass(frozen=True)
@@ -144,46 +148,46 @@ def sibling_sets(group: Group) -> list[SiblingSet]:
     return sets
 
 
-@register_estimator("bpo")
-def bpo_advantages(
-    group: Group,
-    *,
-    backbone_weight: float = 1.0,
-    invalid_penalty: float = 0.0,
-) -> StepAdvantages:
-    """BPO advantages for every step of every path of `group`; see `bpo_advantages_with_stats` for the arguments."""
-    advantages, _ = bpo_advantages_with_stats(
-        group,
-        backbone_weight=backbone_weight,
-        invalid_penalty=invalid_penalty,
-    )
-    return advantages
+@dataclass(frozen=True, kw_only=True)
+class BPOParams(CreditParams):
+    """Settings of `bpo_advantages` (config fields of `BPOConfig`).
 
-
-def bpo_advantages_with_stats(
-    group: Group,
-    *,
-    backbone_weight: float = 1.0,
-    invalid_penalty: float = 0.0,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """BPO advantages plus sibling-set diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task: a tree (`parent_id` / `fork_step`), or independent episodes.
-        backbone_weight: ω_B ≥ 0, weight of the leave-one-out advantage among the group's roots, given to every
+    Attributes:
+        bpo_backbone_weight: ω_B ≥ 0, weight of the leave-one-out advantage among the group's roots, given to every
             step of a root's path (our choice, 1.0; 0 with a single root).
-        invalid_penalty: λ_inv, subtracted on invalid steps by the trajectory that owns them (t ≥ fork_step) only.
+        invalid_action_penalty: λ_inv, subtracted on invalid steps by the trajectory that owns them (t ≥ fork_step)
+            only (default 0 here).
+    """
+
+    invalid_action_penalty: float = 0.0
+    bpo_backbone_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        weight = self.bpo_backbone_weight
+        if not (math.isfinite(weight) and weight >= 0.0):
+            raise ValueError(f"backbone_weight must be a finite number >= 0, got {weight}")
+
+
+@register_estimator("bpo", BPOParams, metrics=BPO_METRICS)
+def bpo_advantages(groups: Sequence[Group], params: BPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """BPO advantages for every step of every path of every group (a tree, via `parent_id` / `fork_step`, or
+    independent episodes).
 
     Returns:
-        (advantages, stats): for every trajectory (same order), one value per step of its full path — its
-        contribution under the sum rule; and {"num_sibling_sets", "mean_siblings" (K per set),
-        "zero_advantage_set_fraction" (sets whose returns are all equal: no signal), "mean_fork_step" (b per set),
-        "mean_abs_sibling_advantage" (|A_i^S| per membership), "num_backbones" (roots), "num_branches" (forked
-        trajectories)}; all 0 for an empty group.
+        (advantages, stats): per group, for every trajectory (same order), one value per step of its full path — its
+        contribution under the sum rule; stats over all groups (per group, then averaged): "num_sibling_sets",
+        "mean_siblings" (K per set), "zero_advantage_set_fraction" (sets whose returns are all equal: no signal),
+        "mean_fork_step" (b per set), "mean_abs_sibling_advantage" (|A_i^S| per membership), "num_backbones"
+        (roots), "num_branches" (forked trajectories); all 0 for an empty group. A trainer logs the first four.
     """
-    check_group(group, invalid_penalty)
-    if not (math.isfinite(backbone_weight) and backbone_weight >= 0.0):
-        raise ValueError(f"backbone_weight must be a finite number >= 0, got {backbone_weight}")
+    return batch_result((_bpo_group(group, params) for group in groups), BPO_STATS)
+
+
+def _bpo_group(group: Group, params: BPOParams) -> tuple[StepAdvantages, dict[str, float]]:
+    """BPO on one group: the per-path values and the group's diagnostics."""
+    check_group(group)
+    backbone_weight, invalid_penalty = params.bpo_backbone_weight, params.invalid_action_penalty
     trajectories = group.trajectories
     values = [[0.0] * len(traj.steps) for traj in trajectories]
     sets = sibling_sets(group)

@@ -14,7 +14,7 @@ games' `step()`; docs/methods/cast.md#equations):
     A_{i,t} = A_i + α·h(Ã_{i,t}) − λ·[invalid]    α = 0.1 (paper); λ = 0 in CAST (no invalid-action penalty)
 
 The solver term is added even when the group has zero reward variance, and RMS_B is a statistic of the whole batch:
-`cast_advantages` takes every group of the rollout at once (it does not fit the one-group estimator signature).
+every group of the call (and of every process, with `sum_over_processes`).
 
 Boundary rules (INF = unsolvable):
 
@@ -35,10 +35,11 @@ board's number of safe cells that a Minesweeper rescue win earns is the env's `i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..trajectory import Group, Step
-from .base import StepAdvantages, check_choice, check_group, mean_std
+from .base import CreditParams, StepAdvantages, Stats, check_choice, check_group, mean_std, register_estimator
 
 SOLVER_RULES = ("shortest_path", "minesweeper")
 TRANSFORMS = ("asinh", "identity", "signed_log")
@@ -49,20 +50,56 @@ Moments = tuple[float, float]
 """(Σ g(Ã)², number of turns): what RMS_B needs, summable across processes."""
 
 
-def cast_advantages(
-    groups: Sequence[Group],
-    *,
-    alpha: float = 0.1,
-    transform: str = "asinh",
-    norm: str = "rms",
-    solver_rule: str | Sequence[str] = "shortest_path",
-    invalid_penalty: float = 0.0,
-    eps: float = 1e-8,
-    reduce_moments: Callable[[Moments], Moments] | None = None,
-) -> list[StepAdvantages]:
-    """CAST advantages `A[g][i][t]` for every step of every trajectory of every group of a batch.
+@dataclass(frozen=True, kw_only=True)
+class CASTParams(CreditParams):
+    """Settings of `cast_advantages` (config fields of `CASTConfig`).
 
-    See `cast_advantages_with_stats` for the arguments; this returns only the advantages.
+    Attributes:
+        cast_alpha: α, weight of the shaped solver term (paper 0.1; the code's default when unset is 0.3).
+        cast_transform: g: "asinh" (CAST), "identity" or "signed_log" (the `cast_ablate` ablation).
+        cast_norm: "rms" (divide g by the batch RMS, CAST) or "none" (the ablation without normalisation).
+        cast_eps: ε of h = g / (RMS + ε) (CAST `cast_eps`, 1e-8).
+        solver_rule: "shortest_path" (Sokoban, Rush Hour) or "minesweeper" boundary rules, for all groups, or one per
+            group (the trainer resolves its config's "auto" per group and gives that list at run time).
+        invalid_action_penalty: λ, subtracted on steps with `valid=False` after the rest (CAST has none: 0).
+        sum_over_processes: sums the local (Σ g², count) over the processes, so that RMS_B covers the global batch
+            (docs/methods/cast.md, 'Our choices'); None: this call's groups are the batch.
+    """
+
+    invalid_action_penalty: float = 0.0
+    cast_alpha: float = 0.1
+    cast_transform: str = "asinh"
+    cast_norm: str = "rms"
+    cast_eps: float = 1e-8
+    solver_rule: str | Sequence[str] = "shortest_path"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("transform", self.cast_transform, TRANSFORMS)
+        check_choice("norm", self.cast_norm, NORMS)
+        for rule in [self.solver_rule] if isinstance(self.solver_rule, str) else self.solver_rule:
+            check_choice("solver_rule", rule, SOLVER_RULES)
+        if not (math.isfinite(self.cast_alpha) and self.cast_alpha >= 0):
+            raise ValueError(f"alpha must be a finite number >= 0, got {self.cast_alpha}")
+        if not self.cast_eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.cast_eps}")
+
+
+@register_estimator("cast", CASTParams)
+def cast_advantages(groups: Sequence[Group], params: CASTParams) -> tuple[list[StepAdvantages], Stats]:
+    """CAST advantages `A[g][i][t]` for every step of every trajectory of every group of a batch, plus diagnostics.
+
+    Args:
+        groups: The groups of one rollout (healthy trajectories only), each step carrying the `"solver_value"`
+            signal (N(s_t), N(s_{t+1})).
+        params: `CASTParams`.
+
+    Returns:
+        (advantages, stats): `advantages[g][i][t]`, and the stats "rms" (RMS_B, with count 1: already the global
+        batch's), "solver_advantage_mean" (mean Ã over local turns), "nonzero_solver_fraction" (turns with Ã ≠ 0),
+        "dead_step_fraction" (valid turns that started in an unsolvable state, N(s_t) = INF), "fatal_step_fraction"
+        (valid turns from a solvable into an unsolvable state), "zero_variance_group_fraction" (groups whose
+        outcome advantage is 0: only the solver term trains them).
 
     Example (one task, two episodes; A solves it in two optimal moves, B makes a fatal move from N = 2):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
@@ -70,80 +107,25 @@ def cast_advantages(
         ...     return Step("s", "a", reward=reward, signals={"solver_value": (before, after)})
         >>> solved = Trajectory(task={}, steps=[turn(2, 1), turn(1, 0, reward=1.0)])
         >>> fatal = Trajectory(task={}, steps=[turn(2, float("inf"))])
-        >>> advantages = cast_advantages([Group(task={}, trajectories=[solved, fatal])])
-        >>> [[round(a, 4) for a in row] for row in advantages[0]]
+        >>> (advantages,), _ = cast_advantages([Group(task={}, trajectories=[solved, fatal])], CASTParams())
+        >>> [[round(a, 4) for a in row] for row in advantages]
         [[0.7871, 0.7871], [-0.8382]]
     """
-    advantages, _ = cast_advantages_with_stats(
-        groups,
-        alpha=alpha,
-        transform=transform,
-        norm=norm,
-        solver_rule=solver_rule,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-        reduce_moments=reduce_moments,
-    )
-    return advantages
-
-
-def cast_advantages_with_stats(
-    groups: Sequence[Group],
-    *,
-    alpha: float = 0.1,
-    transform: str = "asinh",
-    norm: str = "rms",
-    solver_rule: str | Sequence[str] = "shortest_path",
-    invalid_penalty: float = 0.0,
-    eps: float = 1e-8,
-    reduce_moments: Callable[[Moments], Moments] | None = None,
-) -> tuple[list[StepAdvantages], dict[str, float]]:
-    """CAST advantages of a batch of groups, plus diagnostics.
-
-    Args:
-        groups: The groups of one rollout (healthy trajectories only), each step carrying the `"solver_value"`
-            signal (N(s_t), N(s_{t+1})).
-        alpha: α, weight of the shaped solver term (paper 0.1; the code's default when unset is 0.3).
-        transform: g: "asinh" (CAST), "identity" or "signed_log" (the `cast_ablate` ablation).
-        norm: "rms" (divide g by the batch RMS, CAST) or "none" (the ablation without normalisation).
-        solver_rule: "shortest_path" (Sokoban, Rush Hour) or "minesweeper" boundary rules, for all groups or one
-            per group.
-        invalid_penalty: λ, subtracted on steps with `valid=False` after the rest (CAST has none: 0).
-        eps: ε of h = g / (RMS + ε) (CAST `cast_eps`, 1e-8).
-        reduce_moments: Maps the local (Σ g², count) to the batch's; the trainer passes a sum over processes so
-            that RMS_B covers the global batch (docs/methods/cast.md, 'Our choices'). None: this call's groups are the batch.
-
-    Returns:
-        (advantages, stats): `advantages[g][i][t]`, and {"rms": RMS_B, "solver_advantage_mean": mean Ã over local
-        turns, "nonzero_solver_fraction": fraction of turns with Ã ≠ 0, "dead_step_fraction": fraction of valid
-        turns that started in an unsolvable state (N(s_t) = INF), "fatal_step_fraction": fraction of valid turns
-        from a solvable into an unsolvable state, "zero_variance_group_fraction": fraction of groups whose
-        outcome advantage is 0 (only the solver term trains them)}; zeros when there are no turns or groups. The
-        denominators of these means are in "num_turns", "num_valid_turns" and "num_groups" (to average them over
-        several processes).
-    """
-    check_choice("transform", transform, TRANSFORMS)
-    check_choice("norm", norm, NORMS)
+    solver_rule, alpha, transform = params.solver_rule, params.cast_alpha, params.cast_transform
+    invalid_penalty = params.invalid_action_penalty
     rules = [solver_rule] * len(groups) if isinstance(solver_rule, str) else list(solver_rule)
     if len(rules) != len(groups):
         raise ValueError(f"solver_rule has {len(rules)} entries for {len(groups)} groups")
-    for rule in rules:
-        check_choice("solver_rule", rule, SOLVER_RULES)
-    if not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
     for group in groups:
-        check_group(group, invalid_penalty)
+        check_group(group)
 
     # Ã_{i,t}: the solver advantage of every turn, from the recorded N(s_t), N(s_{t+1}).
     solver = [solver_advantages(group, rule) for group, rule in zip(groups, rules, strict=True)]
 
     # RMS_B over ALL turns of ALL trajectories of the batch (zeros included); 1 when the batch has no turns.
-    local = shaping_moments(solver, transform)
-    sum_squares, count = reduce_moments(local) if reduce_moments is not None else local
+    sum_squares, count = params.summed(shaping_moments(solver, transform))
     rms = math.sqrt(sum_squares / count) if count > 0 else 1.0
-    scale = 1.0 / (rms + eps) if norm == "rms" else 1.0
+    scale = 1.0 / (rms + params.cast_eps) if params.cast_norm == "rms" else 1.0
 
     advantages: list[StepAdvantages] = []
     zero_variance = 0
@@ -167,15 +149,12 @@ def cast_advantages_with_stats(
     dead = sum(before == math.inf for before, _ in valid)
     fatal = sum(before < math.inf and after == math.inf for before, after in valid)
     stats = {
-        "rms": rms,
-        "solver_advantage_mean": sum(values) / len(values) if values else 0.0,
-        "nonzero_solver_fraction": sum(v != 0.0 for v in values) / len(values) if values else 0.0,
-        "dead_step_fraction": dead / len(valid) if valid else 0.0,
-        "fatal_step_fraction": fatal / len(valid) if valid else 0.0,
-        "zero_variance_group_fraction": zero_variance / len(groups) if groups else 0.0,
-        "num_turns": len(values),
-        "num_valid_turns": len(valid),
-        "num_groups": len(groups),
+        "rms": (rms, 1.0),
+        "solver_advantage_mean": (sum(values), len(values)),
+        "nonzero_solver_fraction": (sum(v != 0.0 for v in values), len(values)),
+        "dead_step_fraction": (dead, len(valid)),
+        "fatal_step_fraction": (fatal, len(valid)),
+        "zero_variance_group_fraction": (zero_variance, len(groups)),
     }
     return advantages, stats
 

@@ -63,7 +63,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trajectory import Group, Trajectory
-from .base import StepAdvantages, check_choice, check_group, episode_advantages, register_estimator
+from .base import (CreditParams, Stats, StepAdvantages, batch_result, check_choice, check_group, episode_advantages,
+                   register_estimator, runtime_field)
 
 # The released configuration (`ppo_trainer_parallel.yaml`; the launchers set ω = 0.80 instead of the yaml's 0.95).
 DEPTH_ALPHA = 0.8  # α: base of the repeated-action term
@@ -75,6 +76,7 @@ NO_ACTION_WEIGHT = 0.5  # W of a turn without any parsable action
 EPS = 1e-6  # verl-agent's ε in (R − μ)/(σ + ε)
 WIDTH_EXEMPT = ("look",)  # actions C_width does not count (ALFWorld's "look" may be repeated freely)
 FORMULAS = ("alfworld", "scienceworld", "scienceworld_released")
+DPEPO_STATS = ("mean_weight", "no_action_fraction", "mean_envs_per_step", "amplified_fraction")
 
 Actions = Sequence[tuple[int, str]] | Mapping[int, str]
 
@@ -114,6 +116,12 @@ def _check_base(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
+def _check_weight_settings(alpha: float, gamma: float, beta: float, omega: float, psi: float, formula: str) -> None:
+    check_choice("formula", formula, FORMULAS)
+    for name, value in (("alpha", alpha), ("gamma", gamma), ("beta", beta), ("omega", omega), ("psi", psi)):
+        _check_base(name, value)
+
+
 def weight_terms(
     actions: Actions,
     histories: Mapping[int, Sequence[str]],
@@ -142,9 +150,7 @@ def weight_terms(
         no_action_weight: W of a turn without any parsable action (0.5).
         width_exempt: Actions that C_width does not count ("look").
     """
-    check_choice("formula", formula, FORMULAS)
-    for name, value in (("alpha", alpha), ("gamma", gamma), ("beta", beta), ("omega", omega), ("psi", psi)):
-        _check_base(name, value)
+    _check_weight_settings(alpha, gamma, beta, omega, psi, formula)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
     if isinstance(invalid, bool) or not isinstance(invalid, int) or invalid < 0:
@@ -231,59 +237,95 @@ def trajectory_weights(trajectory: Trajectory, **options: Any) -> list[float]:
     return weights
 
 
-@register_estimator("dpepo")
-def dpepo_advantages(
-    group: Group,
-    *,
-    weights: Sequence[Sequence[float]] | None = None,
-    invalid_penalty: float = 0.0,
-    diversity: bool = True,
-    eps: float = EPS,
-    **weight_options: Any,
-) -> StepAdvantages:
-    """A_{i,t} = z_{i,t}·W' (module docstring) for every step of every trajectory of `group`.
+@dataclass(frozen=True, kw_only=True)
+class DPEPOParams(CreditParams):
+    """Settings of `dpepo_advantages` (config fields of `DPEPOConfig`).
 
-    Args:
-        group: The healthy trajectories of one task.
-        weights: W per step, one list per trajectory; None computes them from the steps' info
-            (`trajectory_weights`, with `weight_options`: alpha, gamma, beta, omega, formula, psi, ...).
-        invalid_penalty: λ, subtracted from the score of a step row whose action was invalid before the statistic.
-        diversity: False gives the plain cross-step GRPO z-score (DPEPO without `parallel_reward`).
-        eps: ε of (σ + ε) (verl-agent: 1e-6).
+    Attributes:
+        dpepo_depth_alpha, dpepo_depth_gamma, dpepo_width_beta, dpepo_width_omega, dpepo_invalid_psi: The bases α, γ,
+            β, ω, ψ of the diversity weight W (`weight_terms`), each in (0, 1].
+        dpepo_no_action_weight: W of a turn without any parsable action (0.5).
+        dpepo_weight_formula: How W combines its terms: "alfworld", "scienceworld" or "scienceworld_released".
+        dpepo_diversity_weight: False gives the plain cross-step GRPO z-score (DPEPO without `parallel_reward`).
+        invalid_action_penalty: λ, subtracted from the score of a step row whose action was invalid before the
+            statistic (default 0 here).
+        weights: Run-time input: W per step, one entry per group (one list per trajectory); None computes them from
+            the steps' info (`trajectory_weights`).
+        width_exempt: Actions that C_width does not count ("look"); not a config field.
+        eps: ε of (σ + ε) (verl-agent: 1e-6); not a config field.
+    """
+
+    invalid_action_penalty: float = 0.0
+    dpepo_depth_alpha: float = DEPTH_ALPHA
+    dpepo_depth_gamma: float = DEPTH_GAMMA
+    dpepo_width_beta: float = WIDTH_BETA
+    dpepo_width_omega: float = WIDTH_OMEGA
+    dpepo_invalid_psi: float = INVALID_PSI
+    dpepo_no_action_weight: float = NO_ACTION_WEIGHT
+    dpepo_weight_formula: str = "alfworld"
+    dpepo_diversity_weight: bool = True
+    weights: Sequence[Sequence[Sequence[float]]] | None = runtime_field(compare=False, repr=False)
+    width_exempt: Sequence[str] = runtime_field(WIDTH_EXEMPT)
+    eps: float = runtime_field(EPS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_weight_settings(self.dpepo_depth_alpha, self.dpepo_depth_gamma, self.dpepo_width_beta,
+                               self.dpepo_width_omega, self.dpepo_invalid_psi, self.dpepo_weight_formula)
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be a finite number > 0, got {self.eps}")
+
+    def weight_options(self) -> dict[str, Any]:
+        """The keyword arguments of `trajectory_weights` / `weight_terms` these params set."""
+        return {"alpha": self.dpepo_depth_alpha, "gamma": self.dpepo_depth_gamma, "beta": self.dpepo_width_beta,
+                "omega": self.dpepo_width_omega, "psi": self.dpepo_invalid_psi, "formula": self.dpepo_weight_formula,
+                "no_action_weight": self.dpepo_no_action_weight, "width_exempt": self.width_exempt}
+
+
+@register_estimator("dpepo", DPEPOParams)
+def dpepo_advantages(groups: Sequence[Group], params: DPEPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """A_{i,t} = z_{i,t}·W' (module docstring) for every step of every trajectory of every group.
+
+    Returns:
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats, per group then
+        averaged over the groups: "mean_weight" (mean W over the group's steps; 1 for a group without steps),
+        "no_action_fraction" (steps with nothing parsable), "mean_envs_per_step" (acting environments per step) and
+        "amplified_fraction" (steps whose negative advantage was scaled by 2 − W > 1).
 
     Example (returns 1 over two turns and 0 over one turn; W = 0.8579 then 1 for the first, 0.5 for the second):
         >>> from trl_agents.trajectory import Step, Trajectory
         >>> group = Group(task={}, trajectories=[
         ...     Trajectory(task={}, steps=[Step("o", "x"), Step("o", "y", reward=1.0)]),
         ...     Trajectory(task={}, steps=[Step("o", "z")], episode_id=1)])
-        >>> rows = dpepo_advantages(group, weights=[[0.8579, 1.0], [0.5]])  # z = +0.57735, +0.57735, −1.1547
+        >>> params = DPEPOParams(weights=[[[0.8579, 1.0], [0.5]]])
+        >>> (rows,), _ = dpepo_advantages([group], params)  # z = +0.57735, +0.57735, −1.1547
         >>> [[round(a, 4) for a in row] for row in rows]  # 0.57735·0.8579, 0.57735·1, −1.1547·(2 − 0.5); ε shows
         [[0.4953, 0.5773], [-1.732]]
     """
-    check_group(group, invalid_penalty)
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite number > 0, got {eps}")
-    z = episode_advantages(group, scale=True, statistic="step_rows", invalid_penalty=invalid_penalty, eps=eps,
-                           singleton_stats=(0.0, 1.0))
+    weights = [None] * len(groups) if params.weights is None else list(params.weights)
+    if len(weights) != len(groups):
+        raise ValueError(f"weights has {len(weights)} entries for {len(groups)} groups (one per group)")
+    pairs = zip(groups, weights, strict=True)
+    return batch_result((_dpepo_group(group, group_weights, params) for group, group_weights in pairs), DPEPO_STATS)
+
+
+def _dpepo_group(
+    group: Group, weights: Sequence[Sequence[float]] | None, params: DPEPOParams
+) -> tuple[StepAdvantages, dict[str, float]]:
+    """DPEPO on one group (`weights`: W per step, or None to compute them from the steps' info)."""
+    check_group(group)
+    z = episode_advantages(group, scale=True, statistic="step_rows", invalid_penalty=params.invalid_action_penalty,
+                           eps=params.eps, singleton_stats=(0.0, 1.0))
+    diversity = params.dpepo_diversity_weight
+    if weights is None:  # (also without the diversity weight: W is logged)
+        weights = [trajectory_weights(t, **params.weight_options()) for t in group.trajectories]
     if not diversity:
-        return z
-    if weights is None:
-        weights = [trajectory_weights(t, **weight_options) for t in group.trajectories]
-    if [len(w) for w in weights] != [len(row) for row in z]:
-        raise ValueError(f"weights must give one value per step: lengths {[len(w) for w in weights]} for "
-                         f"trajectories of {[len(row) for row in z]} steps")
-    return [[reweight(a, w) for a, w in zip(row, ws)] for row, ws in zip(z, weights)]
-
-
-def dpepo_advantages_with_stats(group: Group, **options: Any) -> tuple[StepAdvantages, dict[str, float]]:
-    """`dpepo_advantages` and per-group diagnostics: `mean_weight` (mean W over the group's steps),
-    `no_action_fraction` (steps with nothing parsable), `mean_envs_per_step` (acting environments per step) and
-    `amplified_fraction` (steps whose negative advantage was scaled by 2 − W > 1)."""
-    weight_keys = ("alpha", "gamma", "beta", "omega", "formula", "psi", "no_action_weight", "width_exempt")
-    weight_options = {k: v for k, v in options.items() if k in weight_keys}
-    weights = [trajectory_weights(t, **weight_options) for t in group.trajectories]
-    advantages = dpepo_advantages(group, weights=weights, **{k: v for k, v in options.items()
-                                                             if k not in weight_keys})
+        advantages = z
+    else:
+        if [len(w) for w in weights] != [len(row) for row in z]:
+            raise ValueError(f"weights must give one value per step: lengths {[len(w) for w in weights]} for "
+                             f"trajectories of {[len(row) for row in z]} steps")
+        advantages = [[reweight(a, w) for a, w in zip(row, ws)] for row, ws in zip(z, weights)]
     steps = [s for t in group.trajectories for s in t.steps]
     flat_w = [w for row in weights for w in row]
     flat_a = [a for row in advantages for a in row]
@@ -292,7 +334,6 @@ def dpepo_advantages_with_stats(group: Group, **options: Any) -> tuple[StepAdvan
         "mean_weight": sum(flat_w) / count if steps else 1.0,
         "no_action_fraction": sum(not s.info.get(INFO_ACTIONS) for s in steps) / count,
         "mean_envs_per_step": sum(len(s.info.get(INFO_APPLIED, [])) for s in steps) / count,
-        "amplified_fraction": sum(a < 0 and w < 1 for a, w in zip(flat_a, flat_w)) / count
-        if options.get("diversity", True) else 0.0,
+        "amplified_fraction": sum(a < 0 and w < 1 for a, w in zip(flat_a, flat_w)) / count if diversity else 0.0,
     }
     return advantages, stats

@@ -14,7 +14,8 @@ by anchor state s, as GiGPO does; within an anchor, by the canonical action u th
     ρ_VG(s)   = tanh(n_s/τ)·B_s/(B_s + W_s + ε)             step 4  variance gate
     Â_{i,t}   = A^GRPO_i + ω·ρ_VG(s)·A_act(s, u)           step 5
 
-`A^GRPO_i` is `grpo_advantages` (z-score or mean-only, over trajectories or step rows, with its invalid-action rule).
+`A^GRPO_i` is GRPO's advantage (`grpo_advantages`: z-score or mean-only, over trajectories or step rows, with its
+invalid-action rule).
 The shrinkage is computed as μ̃ − μ_s = n_{s,u}(Ḡ_{s,u} − μ_s)/(n_{s,u} + κ) (the same number), so that equal
 returns give exactly 0. An anchor visited once has B = W = 0, hence ρ_VG = 0 and A_act = 0: ECPO reduces to GRPO when
 no state repeats, and when all returns at every anchor are equal (e.g. all-equal rewards along the same states).
@@ -27,17 +28,12 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..trajectory import Group
-from .base import (
-    StepAdvantages,
-    anchor_key,
-    canonical_action,
-    check_choice,
-    discounted_returns,
-    mean_std,
-    register_estimator,
-)
+from .base import (AnchorParams, Stats, StepAdvantages, anchor_key, batch_result, canonical_action, check_choice,
+                   check_positive, discounted_returns, mean_std, register_estimator, runtime_field)
 from .gigpo import cluster_similar_texts
-from .grpo import grpo_advantages
+from .grpo import GRPOOutcomeParams
+
+ECPO_METRICS = ("mean_anchor_group_size", "singleton_fraction", "mean_actions_per_anchor", "mean_gate")
 
 
 def group_anchors(group: Group, anchor: str, similarity_threshold: float | None) -> list[Hashable]:
@@ -112,26 +108,60 @@ def anchor_evidence(
     return AnchorEvidence(n_s, mu_s, shrunk, advantages, between, within, gate)
 
 
-@register_estimator("ecpo")
-def ecpo_advantages(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    kappa: float = 2.0,
-    tau: float | None = None,
-    mode: str = "mean_norm",
-    episode_scale: str = "group",
-    episode_statistic: str = "trajectories",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    merge_invalid_actions: bool = True,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> StepAdvantages:
-    """ECPO advantages Â = A^GRPO + ω·ρ_VG·A_act for every step of every trajectory of `group`.
+@dataclass(frozen=True, kw_only=True)
+class ECPOParams(AnchorParams, GRPOOutcomeParams):
+    """Settings of `ecpo_advantages` (config fields of `ECPOConfig`).
 
-    See `ecpo_advantages_with_stats` for the arguments; this returns only the advantages.
+    Attributes:
+        gamma: γ of the step returns (as GiGPO).
+        step_advantage_w: ω, weight of the gated action advantage (our choice: 1.0 as GiGPO, step 5 [D]).
+        shrinkage_kappa: κ ≥ 0, pseudo-count of the shrinkage toward the anchor mean (2.0 in the paper, step 2 [S]);
+            0 = no shrinkage.
+        variance_gate_tau: τ > 0, visit scale of the gate's confidence tanh(n_s/τ); None = the group size G, the
+            number of trajectories of the group (our choice, step 4 [D]: τ was not recovered).
+        ecpo_mode: F of A_act: "mean_norm" (F = 1) or "mean_std_norm" (F = σ_s + ε, Bessel std of the anchor's
+            returns); our choice, following GiGPO's mode (step 3 [D]).
+        scale_rewards, credit_statistic: A^GRPO (`GRPOOutcomeParams`).
+        anchor, similarity_threshold: How step rows are grouped into anchor states (`AnchorParams`).
+        merge_invalid_actions: Count every rejected action as the one canonical action `INVALID_ACTION` (our
+            choice, step 1; docs/methods/ecpo.md#our-choices); else rejected actions are told apart by their
+            normalised text.
+        invalid_action_penalty: λ, for steps with `valid=False`: in A^GRPO and in the step return ρ (as GiGPO).
+        eps: ε of F and of the gate's denominator; not a config field.
+    """
+
+    gamma: float = 0.95
+    step_advantage_w: float = 1.0
+    shrinkage_kappa: float = 2.0
+    variance_gate_tau: float | None = None
+    ecpo_mode: str = "mean_norm"
+    merge_invalid_actions: bool = True
+    eps: float = runtime_field(1e-6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("mode", self.ecpo_mode, ("mean_norm", "mean_std_norm"))
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not math.isfinite(self.step_advantage_w):
+            raise ValueError(f"omega must be finite, got {self.step_advantage_w}")
+        kappa, tau = self.shrinkage_kappa, self.variance_gate_tau
+        if not (math.isfinite(kappa) and kappa >= 0):
+            raise ValueError(f"kappa must be a finite number >= 0, got {kappa}")
+        if tau is not None and not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"tau must be > 0 (or None for the group size), got {tau}")
+        check_positive("eps", self.eps)
+
+
+@register_estimator("ecpo", ECPOParams, metrics=ECPO_METRICS)
+def ecpo_advantages(groups: Sequence[Group], params: ECPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """ECPO advantages Â = A^GRPO + ω·ρ_VG·A_act for every step of every trajectory of every group.
+
+    Returns:
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the groups
+        with steps: "num_anchor_groups", "mean_anchor_group_size" (step rows per anchor), "singleton_fraction"
+        (anchors visited once: ρ_VG = 0), "mean_actions_per_anchor" (distinct canonical actions), "mean_gate" (ρ_VG
+        averaged over step rows). A trainer logs all but the first.
 
     Example (docs/methods/ecpo.md#hand-computed-case: four one-step episodes from state s; action u1 once, return 1
     (lucky); u2 three times, returns 0, 0, 1):
@@ -139,89 +169,23 @@ def ecpo_advantages(
         >>> def episode(action, reward):
         ...     return Trajectory(task={}, steps=[Step("s", "", reward=reward, info={"action": action})])
         >>> group = Group(task={}, trajectories=[episode(*c) for c in [("u1", 1), ("u2", 0), ("u2", 0), ("u2", 1)]])
-        >>> [[round(a, 4) for a in row] for row in ecpo_advantages(group)]  # GRPO ±0.8659, ρ_VG = 0.2539 (τ = G = 4)
+        >>> (advantages,), _ = ecpo_advantages([group], ECPOParams())  # GRPO ±0.8659, ρ_VG = 0.2539 (τ = G = 4)
+        >>> [[round(a, 4) for a in row] for row in advantages]
         [[0.9082], [-0.8913], [-0.8913], [0.8405]]
     """
-    advantages, _ = ecpo_advantages_with_stats(
-        group,
-        gamma=gamma,
-        omega=omega,
-        kappa=kappa,
-        tau=tau,
-        mode=mode,
-        episode_scale=episode_scale,
-        episode_statistic=episode_statistic,
-        anchor=anchor,
-        similarity_threshold=similarity_threshold,
-        merge_invalid_actions=merge_invalid_actions,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    return advantages
+    results = (_ecpo_group(group, params) for group in groups)
+    return batch_result(results, ("num_anchor_groups", *ECPO_METRICS), counted=lambda stats: stats["num_anchor_groups"])
 
 
-def ecpo_advantages_with_stats(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    kappa: float = 2.0,
-    tau: float | None = None,
-    mode: str = "mean_norm",
-    episode_scale: str = "group",
-    episode_statistic: str = "trajectories",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    merge_invalid_actions: bool = True,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """ECPO advantages plus anchor and gate diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task.
-        gamma: γ of the step returns (as GiGPO).
-        omega: ω, weight of the gated action advantage (our choice: 1.0 as GiGPO, step 5 [D]).
-        kappa: κ ≥ 0, pseudo-count of the shrinkage toward the anchor mean (2.0 in the paper, step 2 [S]); 0 = no
-            shrinkage.
-        tau: τ > 0, visit scale of the gate's confidence tanh(n_s/τ); None = the group size G, the number of
-            trajectories of `group` (our choice, step 4 [D]: τ was not recovered).
-        mode: F of A_act: "mean_norm" (F = 1) or "mean_std_norm" (F = σ_s + ε, Bessel std of the anchor's returns);
-            our choice, following GiGPO's mode (step 3 [D]).
-        episode_scale, episode_statistic: A^GRPO, as `grpo_advantages(scale=..., statistic=...)`.
-        anchor, similarity_threshold: How step rows are grouped into anchor states, as in `gigpo_advantages`.
-        merge_invalid_actions: Count every rejected action as the one canonical action `INVALID_ACTION` (our
-            choice, step 1; docs/methods/ecpo.md#our-choices); else rejected actions are told apart by their
-            normalised text.
-        invalid_penalty: λ, for steps with `valid=False`: in A^GRPO and in the step return ρ (as GiGPO).
-        eps: ε of F and of the gate's denominator.
-
-    Returns:
-        (advantages, stats): one list per trajectory with one advantage per step, and {"num_anchor_groups",
-        "mean_anchor_group_size" (step rows per anchor), "singleton_fraction" (anchors visited once: ρ_VG = 0),
-        "mean_actions_per_anchor" (distinct canonical actions), "mean_gate" (ρ_VG averaged over step rows)}; all 0
-        for a group without steps.
-    """
-    check_choice("mode", mode, ("mean_norm", "mean_std_norm"))
-    check_choice("anchor", anchor, ("state_key", "observation"))
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not math.isfinite(omega):
-        raise ValueError(f"omega must be finite, got {omega}")
-    if not (math.isfinite(kappa) and kappa >= 0):
-        raise ValueError(f"kappa must be a finite number >= 0, got {kappa}")
-    if tau is not None and not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"tau must be > 0 (or None for the group size), got {tau}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
-        raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {similarity_threshold}")
+def _ecpo_group(group: Group, params: ECPOParams) -> tuple[StepAdvantages, dict[str, float]]:
+    """ECPO on one group: the advantages and the group's diagnostics (all 0 for a group without steps)."""
+    gamma, omega, kappa, tau, eps = (params.gamma, params.step_advantage_w, params.shrinkage_kappa,
+                                     params.variance_gate_tau, params.eps)
+    invalid_penalty = params.invalid_action_penalty
     tau = float(len(group.trajectories)) if tau is None else tau
 
     # A^GRPO_i (with its invalid-action rule), broadcast to the steps of episode i; it rejects non-finite rewards.
-    episode = grpo_advantages(
-        group, scale=episode_scale, statistic=episode_statistic, invalid_penalty=invalid_penalty
-    )
+    episode = params.episode_advantages(group)
 
     # Step returns ρ (GiGPO Eq. 5 plus the local penalty), anchors (GiGPO Eq. 6) and canonical actions, per row.
     step_returns: list[float] = []
@@ -230,8 +194,8 @@ def ecpo_advantages_with_stats(
         returns = discounted_returns([step.reward for step in traj.steps], gamma)
         for step, ret in zip(traj.steps, returns, strict=True):
             step_returns.append(ret - invalid_penalty if not step.valid else ret)
-            actions.append(canonical_action(step, merge_invalid=merge_invalid_actions))
-    anchors = group_anchors(group, anchor, similarity_threshold)
+            actions.append(canonical_action(step, merge_invalid=params.merge_invalid_actions))
+    anchors = group_anchors(group, params.anchor, params.similarity_threshold)
 
     # Rows of each anchor s, split by canonical action u.
     rows_by_anchor: dict[Hashable, dict[Hashable, list[int]]] = {}
@@ -254,7 +218,7 @@ def ecpo_advantages_with_stats(
             {u: [step_returns[r] for r in rows] for u, rows in by_action.items()},
             kappa=kappa,
             tau=tau,
-            scale=mode == "mean_std_norm",
+            scale=params.ecpo_mode == "mean_std_norm",
             eps=eps,
         )
         num_actions += len(by_action)

@@ -17,40 +17,60 @@ A singleton anchor group gives A^S = 0; when no state repeats GiGPO reduces to G
 
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from ..trajectory import Group
-from .base import (
-    StepAdvantages,
-    anchor_key,
-    check_choice,
-    check_group,
-    discounted_returns,
-    episode_advantages,
-    mean_std,
-    normalize,
-    register_estimator,
-)
+from .base import (AnchorParams, Stats, StepAdvantages, anchor_key, batch_result, check_choice, check_finite,
+                   check_group, check_positive, discounted_returns, episode_advantages, mean_std, normalize,
+                   register_estimator, runtime_field)
+
+GIGPO_METRICS = ("mean_anchor_group_size", "singleton_anchor_fraction")
+GIGPO_STATS = ("num_anchor_groups", *GIGPO_METRICS)
 
 
-@register_estimator("gigpo")
-def gigpo_advantages(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    mode: str = "mean_norm",
-    statistic: str = "step_rows",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> StepAdvantages:
-    """GiGPO advantages A = A^E + ω·A^S for every step of every trajectory of `group`.
+@dataclass(frozen=True, kw_only=True)
+class GiGPOParams(AnchorParams):
+    """Settings of `gigpo_advantages` (config fields of `GiGPOConfig`).
 
-    See `gigpo_advantages_with_stats` for the arguments; this returns only the advantages.
+    Attributes:
+        gamma: Discount γ of the step returns (verl-agent scripts: 0.95; its config default 1.0 is a trap).
+        step_advantage_w: Weight ω of the step-level advantage.
+        gigpo_mode: "mean_norm" (F = 1, verl-agent config default, WebShop) or "mean_std_norm" (F = σ + ε, ALFWorld).
+        episode_statistic: Population of the episode-level statistic: "step_rows" (verl-agent, hard-coded
+            `compute_mean_std_cross_steps=True`; longer episodes weigh more) or "trajectories" (paper Eq. 3). A
+            population of exactly one element gets μ = 0, σ = 1, as in verl-agent. Invalid-action penalty: in the
+            score before the statistic for "step_rows", subtracted after normalisation for "trajectories"
+            (docs/concepts/verl_agent_conventions.md#invalid-actions-and-their-penalty; `trl_agents.credit.base`).
+        anchor, similarity_threshold: What identifies a state (`AnchorParams`).
+        invalid_action_penalty: λ, for steps with `valid=False`; enters both A^E and the step return ρ.
+        eps: ε of `mean_std_norm` (verl-agent: 1e-6); not a config field.
+    """
+
+    gamma: float = 0.95
+    step_advantage_w: float = 1.0
+    gigpo_mode: str = "mean_norm"
+    episode_statistic: str = "step_rows"
+    eps: float = runtime_field(1e-6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("mode", self.gigpo_mode, ("mean_norm", "mean_std_norm"))
+        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_finite(gamma=self.gamma, omega=self.step_advantage_w)
+        check_positive("eps", self.eps)
+
+
+@register_estimator("gigpo", GiGPOParams, metrics=GIGPO_METRICS)
+def gigpo_advantages(groups: Sequence[Group], params: GiGPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """GiGPO advantages A = A^E + ω·A^S for every step of every trajectory of every group.
+
+    Returns:
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the groups
+        that have steps (anchor groups): "num_anchor_groups" (anchor groups, i.e. clusters, per group),
+        "mean_anchor_group_size" (step rows per anchor group) and "singleton_anchor_fraction" (fraction of the
+        anchor groups that hold one step row: their A^S is 0). A trainer logs the last two.
 
     Example (the toy group of docs/methods/gigpo.md#hand-computed-case: A, D: s0→s1→success; B: s0→s1→fail;
     C: s0→s2→fail):
@@ -58,77 +78,29 @@ def gigpo_advantages(
         >>> def episode(second_state, reward):
         ...     return Trajectory(task={}, steps=[Step("s0", "a"), Step(second_state, "b", reward=reward)])
         >>> group = Group(task={}, trajectories=[episode("s1", 1), episode("s1", 0), episode("s2", 0), episode("s1", 1)])
-        >>> [[round(a, 4) for a in row] for row in gigpo_advantages(group, gamma=0.5)]
+        >>> (advantages,), stats = gigpo_advantages([group], GiGPOParams(gamma=0.5))
+        >>> [[round(a, 4) for a in row] for row in advantages]
         [[0.75, 0.8333], [-0.75, -1.1667], [-0.75, -0.5], [0.75, 0.8333]]
+        >>> stats["num_anchor_groups"]  # s0, s1, s2 in the one group
+        (3, 1)
     """
-    advantages, _ = gigpo_advantages_with_stats(
-        group,
-        gamma=gamma,
-        omega=omega,
-        mode=mode,
-        statistic=statistic,
-        anchor=anchor,
-        similarity_threshold=similarity_threshold,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    return advantages
+    results = (gigpo_group(group, params) for group in groups)
+    return batch_result(results, GIGPO_STATS, counted=lambda stats: stats["num_anchor_groups"])
 
 
-def gigpo_advantages_with_stats(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    mode: str = "mean_norm",
-    statistic: str = "step_rows",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """GiGPO advantages plus anchor-group diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task.
-        gamma: Discount γ of the step returns (verl-agent scripts: 0.95; its config default 1.0 is a trap).
-        omega: Weight ω of the step-level advantage (`step_advantage_w`).
-        mode: "mean_norm" (F = 1, verl-agent config default, WebShop) or "mean_std_norm" (F = σ + ε, ALFWorld).
-        statistic: Population of the episode-level statistic: "step_rows" (verl-agent, hard-coded
-            `compute_mean_std_cross_steps=True`; longer episodes weigh more) or "trajectories" (paper Eq. 3). A
-            population of exactly one element gets μ = 0, σ = 1, as in verl-agent. Invalid-action penalty: in the
-            score before the statistic for "step_rows", subtracted after normalisation for "trajectories"
-            (docs/concepts/verl_agent_conventions.md#invalid-actions-and-their-penalty; `trl_agents.credit.base`).
-        anchor: What identifies a state: "state_key" (`step.state_key`, or `step.observation` when it is None) or
-            "observation" (the raw current observation text, like verl-agent's `anchor_obs`).
-        similarity_threshold: None for exact keys. A value in (0, 1) clusters text anchors greedily: a row joins the
-            FIRST cluster whose first member has `SequenceMatcher(None, row, first).ratio() >= threshold`, else it
-            opens a new cluster (verl-agent `enable_similarity`; its default threshold is 0.95). O(rows²).
-        invalid_penalty: λ, for steps with `valid=False`; enters both A^E and the step return ρ.
-        eps: ε of `mean_std_norm` (verl-agent: 1e-6).
-
-    Returns:
-        (advantages, stats): one list per trajectory with one advantage per step, and
-        {"num_anchor_groups": number of anchor groups (clusters) in the group, "mean_anchor_group_size": step rows
-        per anchor group, "singleton_fraction": fraction of the anchor groups that hold one step row (their A^S is
-        0)}; all 0 for a group without steps.
-    """
-    check_choice("mode", mode, ("mean_norm", "mean_std_norm"))
-    check_choice("anchor", anchor, ("state_key", "observation"))
-    check_group(group, invalid_penalty)
-    for name, value in (("gamma", gamma), ("omega", omega)):
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
-        raise ValueError(f"similarity_threshold must be in (0, 1) or None, got {similarity_threshold}")
-    scale = mode == "mean_std_norm"
-    penalty = invalid_penalty
+def gigpo_group(group: Group, params: GiGPOParams, omega: float | None = None) -> tuple[StepAdvantages, dict]:
+    """GiGPO on one group (the body of `gigpo_advantages`, for estimators built on it): the advantages, and the
+    group's anchor diagnostics (`GIGPO_STATS`; all 0 for a group without steps). `omega` replaces
+    `params.step_advantage_w` when given."""
+    check_group(group)
+    omega = params.step_advantage_w if omega is None else omega
+    scale = params.gigpo_mode == "mean_std_norm"
+    penalty, eps = params.invalid_action_penalty, params.eps
 
     # Eq. 3: episode-level advantage A^E (verl-agent: a population of one gets mean 0, std 1).
     episode = episode_advantages(
-        group, scale=scale, statistic=statistic, invalid_penalty=penalty, eps=eps, singleton_stats=(0.0, 1.0)
+        group, scale=scale, statistic=params.episode_statistic, invalid_penalty=penalty, eps=eps,
+        singleton_stats=(0.0, 1.0),
     )
 
     # Eq. 5: discounted step returns, then the local invalid-action penalty ρ = R_t − λ·[invalid].
@@ -136,14 +108,14 @@ def gigpo_advantages_with_stats(
     step_returns: list[float] = []
     anchors: list[Hashable] = []
     for traj in group.trajectories:
-        returns = discounted_returns([step.reward for step in traj.steps], gamma)
+        returns = discounted_returns([step.reward for step in traj.steps], params.gamma)
         for step, ret in zip(traj.steps, returns, strict=True):
             step_returns.append(ret - penalty if not step.valid else ret)
-            anchors.append(anchor_key(step, anchor))
+            anchors.append(anchor_key(step, params.anchor))
 
     # Eq. 6: anchor-state groups G^S(s), as lists of row indices.
-    if similarity_threshold is not None:
-        anchors = cluster_similar_texts(anchors, similarity_threshold)
+    if params.similarity_threshold is not None:
+        anchors = cluster_similar_texts(anchors, params.similarity_threshold)
     anchor_groups: dict[Hashable, list[int]] = {}
     try:
         for row, key in enumerate(anchors):
@@ -174,11 +146,9 @@ def gigpo_advantages_with_stats(
     stats = {
         "num_anchor_groups": num_groups,
         "mean_anchor_group_size": len(step_returns) / num_groups if num_groups else 0.0,
-        "singleton_fraction": singletons / num_groups if num_groups else 0.0,
+        "singleton_anchor_fraction": singletons / num_groups if num_groups else 0.0,
     }
     return advantages, stats
-
-
 
 
 def cluster_similar_texts(texts: list[Hashable], threshold: float) -> list[int]:

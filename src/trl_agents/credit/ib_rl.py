@@ -31,7 +31,7 @@ Example (the hand case of docs/methods/ib_rl.md: two dialogues, role "a" won the
     >>> group = Group(task={}, trajectories=[dialogue(1.0, 0.0), dialogue(0.0, 1.0)])
     >>> role_masks(["a", "a", "b", "b", "a"], ("a", "b"))
     {'a': [1, 1, 0, 0, 1], 'b': [0, 0, 1, 1, 0]}
-    >>> values, stats = ib_rl_advantages_with_stats(group, ("a", "b"), eps=0.0)
+    >>> (values,), stats = ib_rl_advantages([group], IBRLParams(ib_rl_roles=("a", "b"), eps=0.0))
     >>> [[round(v, 4) for v in row] for row in values]  # A^a = [+0.7071, −0.7071], A^b = [−0.7071, +0.7071]
     [[0.7071, 0.7071, -0.7071, -0.7071, 0.7071], [-0.7071, -0.7071, 0.7071, 0.7071, -0.7071]]
 """
@@ -40,13 +40,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..trajectory import Group, Step, Trajectory
-from .base import StepAdvantages, check_choice, check_group, register_estimator
+from .base import CreditParams, StepAdvantages, Stats, check_choice, check_group, register_estimator, runtime_field
 
 ROLE_KEY = "role"  # step.info key of the acting role (envs.base.INFO_ROLE)
 ROLE_REWARDS_KEY = "role_rewards"  # last step's info: role -> reward (envs.base.INFO_ROLE_REWARDS)
 SCALES = ("group", "none")
+IB_RL_STATS = ("reward_mean", "advantage_std", "zero_std", "turns")  # per role r: "{r}/<name>"
 
 
 def role_masks(token_roles: Sequence[str], roles: Sequence[str]) -> dict[str, list[int]]:
@@ -116,45 +118,64 @@ def infer_roles(group: Group) -> tuple[str, ...]:
     return tuple(dict.fromkeys(step_role(s) for t in group.trajectories for s in t.steps if step_role(s)))
 
 
-@register_estimator("ib_rl")
-def ib_rl_advantages(
-    group: Group,
-    roles: Sequence[str] | None = None,
-    *,
-    scale: str = "group",
-    eps: float = 1e-4,
-    invalid_penalty: float = 0.0,
-) -> StepAdvantages:
-    """IB-RL advantages for every step of `group`; see `ib_rl_advantages_with_stats`."""
-    return ib_rl_advantages_with_stats(group, roles, scale=scale, eps=eps, invalid_penalty=invalid_penalty)[0]
+@dataclass(frozen=True, kw_only=True)
+class IBRLParams(CreditParams):
+    """Settings of `ib_rl_advantages` (config fields of `IBRLConfig`).
+
+    Attributes:
+        ib_rl_roles: The roles (None: those acting in each group, in order of first appearance).
+        scale_rewards: "group": z-scored (GRPO); "none": centred only (Dr. GRPO).
+        invalid_action_penalty: λ, subtracted on the steps the environment rejected (of whichever role; default 0
+            here).
+        eps: ε added to the std (TRL: 1e-4); not a config field.
+    """
+
+    invalid_action_penalty: float = 0.0
+    ib_rl_roles: Sequence[str] | None = None
+    scale_rewards: str = "group"
+    eps: float = runtime_field(1e-4)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("scale", self.scale_rewards, SCALES)
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
 
 
-def ib_rl_advantages_with_stats(
-    group: Group,
-    roles: Sequence[str] | None = None,
-    *,
-    scale: str = "group",
-    eps: float = 1e-4,
-    invalid_penalty: float = 0.0,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """Per-role GRPO advantages over the dialogues of one scenario; each step gets its acting role's value.
+@register_estimator("ib_rl", IBRLParams)
+def ib_rl_advantages(groups: Sequence[Group], params: IBRLParams) -> tuple[list[StepAdvantages], Stats]:
+    """Per-role GRPO advantages over the dialogues of each scenario; each step gets its acting role's value.
 
     Args:
-        group: The healthy dialogues of one scenario (independent episodes; trees are not supported).
-        roles: The roles (None: those acting in the group, in order of first appearance).
-        scale: "group": z-scored (GRPO); "none": centred only (Dr. GRPO).
-        eps: ε added to the std (TRL: 1e-4).
-        invalid_penalty: λ, subtracted on the steps the environment rejected (of whichever role).
+        groups: The healthy dialogues of each scenario (independent episodes; trees are not supported).
+        params: `IBRLParams`.
 
     Returns:
-        (advantages, stats): one value per step of each dialogue; stats per role r: `{r}/reward_mean` (mean R^r),
-        `{r}/advantage_std` (std of A^r over the dialogues, population), `{r}/zero_std` (1 when role r's rewards carry
-        no signal), `{r}/turns` (steps taken by r, summed over the dialogues).
+        (advantages, stats): per group, one value per step of each dialogue; stats per role r, per group then
+        averaged over the groups (that have role r): `{r}/reward_mean` (mean R^r), `{r}/advantage_std` (std of A^r
+        over the dialogues, population), `{r}/zero_std` (1 when role r's rewards carry no signal), `{r}/turns`
+        (steps taken by r, summed over the dialogues).
 
     Raises:
-        ValueError: for a step without a role, or with a role not in `roles`; a tree group.
+        ValueError: for a step without a role, or with a role not in `ib_rl_roles`; a tree group.
     """
-    check_group(group, invalid_penalty)
+    roles = params.ib_rl_roles or ()
+    advantages: list[StepAdvantages] = []
+    stats: Stats = {f"{r}/{k}": (0.0, 0) for r in roles for k in IB_RL_STATS}  # the same names on every process
+    for group in groups:
+        values, group_stats = _ib_rl_group(group, params)
+        advantages.append(values)
+        for name, value in group_stats.items():
+            total, count = stats.get(name, (0.0, 0))
+            stats[name] = (total + value, count + 1)
+    return advantages, stats
+
+
+def _ib_rl_group(group: Group, params: IBRLParams) -> tuple[StepAdvantages, dict[str, float]]:
+    """IB-RL on one group: its advantages and its per-role diagnostics."""
+    check_group(group)
+    roles, scale, eps = params.ib_rl_roles, params.scale_rewards, params.eps
+    invalid_penalty = params.invalid_action_penalty
     if group.is_tree:
         raise ValueError("IB-RL scores independent joint dialogues; a tree group (forked episodes) is not supported")
     roles = tuple(roles) if roles is not None else infer_roles(group)

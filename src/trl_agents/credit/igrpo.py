@@ -1,4 +1,4 @@
-"""IGRPO math: information gain of tree nodes, budgeted selection, suppression, and teacher-weighted leaf advantages.
+"""IGRPO credit: teacher-weighted leaf advantages over an information-gain tree (the tree: `info_gain` topology).
 
 IGRPO (Zhang, Xu, Ding, ..., Fu, Wang 2026, "information-gain-based adaptive tree rollout", arXiv 2607.06223; only
 the abstract was available to us, docs/methods/igrpo.md). The abstract says: a rollout tree per question under a
@@ -7,16 +7,11 @@ policy target given by the teacher distribution the allocation induces. The info
 (arXiv 2510.14967): the change in the policy's likelihood of the gold answer a* after a tool observation.
 Everything below the abstract is our design [D].
 
-A *node* is a state reached right after a tool observation (on Search-QA: after a `search[...]` step). It is
-recorded as step j of a trajectory whose step j − 1 was a valid action the episode went on after (`is_node_step`);
-the node's history h_j is step j's prompt. The root (step 0's prompt: the question, nothing retrieved) is the
-reference state. With a* the gold answer (as the action `answer[a*]`, K tokens):
+A *node* is a state reached right after a tool observation (on Search-QA: after a `search[...]` step); the node
+rule, the gold-answer likelihood p(h), the information gain I(n) = p(h_n) − p(h_parent(n)) of a node and the
+budgeted selection softmax(I/T_I) are the `info_gain` topology's (`rollout/topologies/igrpo.py`: `is_node_step`,
+`gold_likelihood`, `path_information`, `selection_probabilities`). Credit, per leaf ℓ (one root-to-leaf path):
 
-    p(h)      = exp( 1/K · Σ_k log π_θ(a*_k | h, a*_<k) )                  gold-answer likelihood (IGPO)
-    I(n)      = p(h_n) − p(h_parent(n))                                    information gain of node n
-                parent(n): the previous node on the path, the root for the first one
-    P(pick n) = softmax_n( I(n) / T_I )  over the frontier (T_I = 0.1)     budgeted expansion
-    strikes   = consecutive expansion rounds at which n was a candidate with I(n) ≤ 0; 2 strikes: suppressed
     S_ℓ       = Σ_{n ∈ path(ℓ)} I(n)   (= p(last node of ℓ) − p(root): the sum telescopes)
     q(ℓ)      ∝ π_old(ℓ)·exp(S_ℓ / T_I)                                    induced teacher distribution over leaves
     w_ℓ       = (q(ℓ)/π_old(ℓ)) / Σ_ℓ' (q(ℓ')/π_old(ℓ')) = softmax_ℓ(S_ℓ / T_I)   self-normalised, Σ w = 1
@@ -36,155 +31,30 @@ shared step once with the SUM over the leaves through it. A step shared by a set
 L/(σ_w + ε) · W_D · (μ_D − μ_w), W_D = Σ_{ℓ∈D} w_ℓ, μ_D the weighted mean return of D: its subtree's weight mass
 times how much better the subtree does than the tree. A step shared by every leaf gets exactly 0 (Σ w (R − μ_w) = 0).
 
-Numerical guards: softmaxes subtract the maximum (no overflow for any finite gain or temperature); a single leaf, or
-weights concentrated on one leaf (1 − Σ w² ≈ 0), get σ_w = 0 and an advantage of 0 for the dominant leaf; equal
-returns give exactly 0 deviations; empty groups give []; non-finite likelihoods or rewards raise a ValueError.
+Numerical guards: the weights' softmax subtracts the maximum (no overflow for any finite gain or temperature); a
+single leaf, or weights concentrated on one leaf (1 − Σ w² ≈ 0), get σ_w = 0 and an advantage of 0 for the dominant
+leaf; equal returns give exactly 0 deviations; empty groups give []; non-finite likelihoods or rewards raise a
+ValueError.
 
-Example (the acceptance case: a frontier with gains [0.3, 0.0, −0.1] at T_I = 0.1):
-    >>> [round(p, 4) for p in selection_probabilities([0.3, 0.0, -0.1], temperature=0.1)]
-    [0.9362, 0.0466, 0.0171]
+Example (the leaf weights softmax(S_ℓ/T_I) of path gains S_ℓ = 0.2, 0.1, 0.1, 0 at T_I = 0.1):
+    >>> [round(w, 4) for w in leaf_weights([0.2, 0.1, 0.1, 0.0])]
+    [0.5344, 0.1966, 0.1966, 0.0723]
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import pairwise
+from dataclasses import dataclass
 
-from ..trajectory import Group, Step, Trajectory
-from .base import StepAdvantages, check_choice, check_group, mean_std, normalize, register_estimator
-
-GOLD_LIKELIHOOD = "gold_likelihood"
-"""The model signal holding p(a* | step prompt) on the node steps (`trainers/igrpo.py` registers it)."""
+from ..rollout.topologies.igrpo import GOLD_LIKELIHOOD, check_temperature, is_node_step, path_information, softmax
+from ..trajectory import Group, Step
+from .base import (CreditParams, Stats, StepAdvantages, batch_result, check_choice, check_group, mean_std, normalize,
+                   register_estimator, runtime_field)
 
 SCALES = ("group", "none")
 STAT_NAMES = ("num_leaves", "num_nodes", "mean_info_gain", "positive_gain_fraction", "mean_path_gain",
               "max_weight", "effective_leaf_fraction", "zero_advantage_group")
-
-
-# ---- nodes and their information gain ----------------------------------------------------------------------------
-
-
-def gold_likelihood(logps: Sequence[float]) -> float:
-    """p = exp(mean_k log π(a*_k | h, a*_<k)), the geometric-mean token probability of the gold answer (IGPO).
-    0.0 for no tokens (no evidence for the answer).
-
-    >>> round(gold_likelihood([math.log(0.5), math.log(0.125)]), 4)  # exp((ln 0.5 + ln 0.125)/2) = sqrt(1/16)
-    0.25
-    """
-    if not len(logps):
-        return 0.0
-    return math.exp(sum(float(v) for v in logps) / len(logps))
-
-
-def is_node_step(step: Step) -> bool:
-    """Whether the state after `step` is a node: the action was valid and the episode went on (a tool call whose
-    observation follows; on Search-QA every such step is a `search[...]`; `answer[...]` ends the episode)."""
-    return bool(step.valid) and not step.done
-
-
-def node_indices(trajectory: Trajectory, is_node: Callable[[Step], bool] = is_node_step) -> list[int]:
-    """The steps j of `trajectory` whose prompt is a node's history: 0 (the root) and every j ≥ 1 whose step j − 1
-    is a node step. The state after the last step has no recorded prompt, so it is not a node.
-
-    >>> steps = [Step("o0", "search[a]"), Step("o1", "jump", valid=False), Step("o2", "search[b]"),
-    ...          Step("o3", "answer[x]", done=True)]
-    >>> node_indices(Trajectory(task={}, steps=steps))  # after the two searches: steps 1 and 3
-    [0, 1, 3]
-    """
-    if not trajectory.steps:
-        return []
-    return [0] + [j for j in range(1, len(trajectory.steps)) if is_node(trajectory.steps[j - 1])]
-
-
-def node_likelihood(step: Step, signal: str = GOLD_LIKELIHOOD) -> float:
-    """The gold-answer likelihood recorded on a node step (`step.signals[signal]`), checked finite."""
-    if signal not in step.signals:
-        raise ValueError(
-            f"IGRPO needs step.signals[{signal!r}] on every node step (the gold-answer likelihood after a tool "
-            "observation): run the 'info_gain' topology, which computes it mid-rollout."
-        )
-    value = float(step.signals[signal])
-    if not math.isfinite(value):
-        raise ValueError(f"step.signals[{signal!r}] must be a finite likelihood, got {value}")
-    return value
-
-
-def path_information(
-    trajectory: Trajectory, signal: str = GOLD_LIKELIHOOD, is_node: Callable[[Step], bool] = is_node_step
-) -> list[tuple[int, float]]:
-    """(j, I) for every non-root node of the path: I = p(h_j) − p(previous node on the path, or the root).
-
-    >>> steps = [Step("o0", "search[a]", signals={"gold_likelihood": 0.1}),
-    ...          Step("o1", "search[b]", signals={"gold_likelihood": 0.4}),
-    ...          Step("o2", "answer[x]", done=True, signals={"gold_likelihood": 0.3})]
-    >>> [(j, round(i, 4)) for j, i in path_information(Trajectory(task={}, steps=steps))]  # 0.4 − 0.1, 0.3 − 0.4
-    [(1, 0.3), (2, -0.1)]
-    """
-    nodes = node_indices(trajectory, is_node)
-    steps = trajectory.steps
-    return [(j, node_likelihood(steps[j], signal) - node_likelihood(steps[previous], signal))
-            for previous, j in pairwise(nodes)]
-
-
-# ---- budgeted expansion ------------------------------------------------------------------------------------------
-
-
-def softmax(values: Sequence[float], temperature: float) -> list[float]:
-    """softmax(v / T) with the maximum subtracted (no overflow); [] for no values.
-
-    >>> softmax([1000.0, 1000.0], temperature=0.1)
-    [0.5, 0.5]
-    """
-    check_temperature(temperature)
-    if not len(values):
-        return []
-    scaled = [float(v) / temperature for v in values]
-    if not all(math.isfinite(v) for v in scaled):
-        raise ValueError(f"softmax needs finite values, got {list(values)} at temperature {temperature}")
-    top = max(scaled)
-    exps = [math.exp(v - top) for v in scaled]  # the largest term is exp(0) = 1: the sum is in [1, n]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def selection_probabilities(gains: Sequence[float], temperature: float = 0.1) -> list[float]:
-    """P(pick n) = softmax(I(n)/T_I) over the frontier's gains.
-
-    >>> [round(p, 4) for p in selection_probabilities([0.3, 0.0, -0.1])]  # e^3, e^0, e^-1 over 21.4534
-    [0.9362, 0.0466, 0.0171]
-    """
-    return softmax(gains, temperature)
-
-
-def sample_index(probabilities: Sequence[float], u: float) -> int:
-    """The index whose cumulative-probability interval holds u ∈ [0, 1) (inverse CDF; the last index absorbs
-    rounding).
-
-    >>> sample_index([0.9362, 0.0466, 0.0171], 0.95), sample_index([0.9362, 0.0466, 0.0171], 0.1)
-    (1, 0)
-    """
-    if not len(probabilities):
-        raise ValueError("sample_index needs at least one probability")
-    running = 0.0
-    for index, p in enumerate(probabilities):
-        running += p
-        if u < running:
-            return index
-    return len(probabilities) - 1
-
-
-def update_strikes(strikes: int, gain: float, suppress_after: int = 2) -> tuple[int, bool]:
-    """One expansion round for a frontier candidate: (new strike count, suppressed). A round with I ≤ 0 adds a
-    strike, a round with I > 0 clears them; `suppress_after` consecutive strikes suppress the node for good.
-
-    >>> update_strikes(0, 0.0), update_strikes(1, -0.2), update_strikes(1, 0.05)
-    ((1, False), (2, True), (0, False))
-    """
-    if suppress_after < 1:
-        raise ValueError(f"suppress_after must be >= 1, got {suppress_after}")
-    strikes = strikes + 1 if gain <= 0.0 else 0
-    return strikes, strikes >= suppress_after
 
 
 # ---- leaf weights and the weighted advantage ---------------------------------------------------------------------
@@ -240,55 +110,56 @@ def weighted_advantages(
     return values
 
 
-@register_estimator("igrpo")
-def igrpo_advantages(
-    group: Group,
-    *,
-    temperature: float = 0.1,
-    scale: str = "group",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-4,
-    signal: str = GOLD_LIKELIHOOD,
-) -> StepAdvantages:
-    """IGRPO advantages for every step of every path of `group`; see `igrpo_advantages_with_stats`."""
-    advantages, _ = igrpo_advantages_with_stats(group, temperature=temperature, scale=scale,
-                                                invalid_penalty=invalid_penalty, eps=eps, signal=signal)
-    return advantages
+@dataclass(frozen=True, kw_only=True)
+class IGRPOParams(CreditParams):
+    """Settings of `igrpo_advantages` (config fields of `IGRPOConfig`).
+
+    Attributes:
+        igrpo_temperature: T_I of the weights (0.1).
+        scale_rewards: "group" (z-score with the weighted std, GRPO's default) or "none" (centred only, Dr. GRPO).
+        invalid_action_penalty: λ, subtracted on invalid steps by the trajectory that owns them (t ≥ fork_step).
+        eps: ε added to σ_w (TRL: 1e-4); not a config field.
+        signal: Name of the likelihood signal; not a config field.
+        is_node: Which steps lead to a node (`is_node_step`); not a config field.
+    """
+
+    igrpo_temperature: float = 0.1
+    scale_rewards: str = "group"
+    eps: float = runtime_field(1e-4)
+    signal: str = runtime_field(GOLD_LIKELIHOOD)
+    is_node: Callable[[Step], bool] = runtime_field(is_node_step, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("scale", self.scale_rewards, SCALES)
+        check_temperature(self.igrpo_temperature)
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be a finite number > 0, got {self.eps}")
 
 
-def igrpo_advantages_with_stats(
-    group: Group,
-    *,
-    temperature: float = 0.1,
-    scale: str = "group",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-4,
-    signal: str = GOLD_LIKELIHOOD,
-    is_node: Callable[[Step], bool] = is_node_step,
-) -> tuple[StepAdvantages, dict[str, float]]:
+@register_estimator("igrpo", IGRPOParams)
+def igrpo_advantages(groups: Sequence[Group], params: IGRPOParams) -> tuple[list[StepAdvantages], Stats]:
     """Teacher-weighted leaf advantages plus diagnostics.
 
-    Args:
-        group: The healthy trajectories of one task (a tree from the `info_gain` topology, or independent episodes),
-            with the gold-answer likelihood on every node step (`step.signals[signal]`).
-        temperature: T_I of the weights (0.1).
-        scale: "group" (z-score with the weighted std, GRPO's default) or "none" (centred only, Dr. GRPO).
-        invalid_penalty: λ, subtracted on invalid steps by the trajectory that owns them (t ≥ fork_step).
-        eps: ε added to σ_w (TRL: 1e-4).
-        signal: Name of the likelihood signal.
-        is_node: Which steps lead to a node (`is_node_step`).
+    Each group holds the healthy trajectories of one task (a tree from the `info_gain` topology, or independent
+    episodes), with the gold-answer likelihood on every node step (`step.signals[signal]`).
 
     Returns:
-        (advantages, stats): one value per step of each trajectory's full path; stats {"num_leaves", "num_nodes"
-        (non-root nodes, each once), "mean_info_gain" (mean I over those nodes), "positive_gain_fraction",
-        "mean_path_gain" (mean S_ℓ), "max_weight", "effective_leaf_fraction" ((1/Σw²)/L: 1 for uniform weights),
-        "zero_advantage_group" (1 when every leaf returned the same)}; zeros for an empty group.
+        (advantages, stats): per group, one value per step of each trajectory's full path; stats per group, then
+        averaged over the groups: "num_leaves", "num_nodes" (non-root nodes, each once), "mean_info_gain" (mean I over
+        those nodes), "positive_gain_fraction", "mean_path_gain" (mean S_ℓ), "max_weight", "effective_leaf_fraction"
+        ((1/Σw²)/L: 1 for uniform weights), "zero_advantage_group" (1 when every leaf returned the same); zeros for
+        an empty group.
     """
-    check_group(group, invalid_penalty)
-    check_choice("scale", scale, SCALES)
-    check_temperature(temperature)
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite number > 0, got {eps}")
+    return batch_result((_igrpo_group(group, params) for group in groups), STAT_NAMES)
+
+
+def _igrpo_group(group: Group, params: IGRPOParams) -> tuple[StepAdvantages, dict[str, float]]:
+    """IGRPO on one group: its advantages and its diagnostics."""
+    check_group(group)
+    temperature, scale, invalid_penalty, eps = (params.igrpo_temperature, params.scale_rewards,
+                                                params.invalid_action_penalty, params.eps)
+    signal, is_node = params.signal, params.is_node
     trajectories = group.trajectories
     if not trajectories:
         return [], dict.fromkeys(STAT_NAMES, 0.0)
@@ -328,7 +199,3 @@ def igrpo_advantages_with_stats(
     return values, stats
 
 
-def check_temperature(temperature: float) -> None:
-    if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-                                             and temperature > 0):
-        raise ValueError(f"the information-gain temperature T_I must be a finite number > 0, got {temperature!r}")

@@ -35,22 +35,15 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from ..trajectory import Group
-from .base import (
-    StepAdvantages,
-    anchor_key,
-    canonical_action,
-    check_choice,
-    check_group,
-    discounted_returns,
-    episode_advantages,
-    mean_std,
-    normalize,
-    register_estimator,
-)
+from .base import (CreditParams, Stats, StepAdvantages, anchor_key, canonical_action, check_choice, check_group,
+                   check_positive, discounted_returns, episode_advantages, group_totals, mean_std, normalize,
+                   register_estimator, runtime_field)
 
 MODES = ("mean_norm", "mean_std_norm")
 PREFIXES = ("interaction", "actions")
 ANCHORS = ("state_key", "observation")
+TRANSITION_NORMS = ("batch", "group", "none")
+PROGPO_STATS = ("peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential", "transition_std")
 """`step.info` keys holding the environment's parsed action, in order of preference ("command": ALFWorld)."""
 
 
@@ -78,6 +71,72 @@ def fuse_inverse_variance(estimates: Sequence[tuple[float, float]]) -> float:
     return numerator / denominator
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProGPOParams(CreditParams):
+    """Settings of `progpo_advantages` and `progpo_parts` (config fields of `ProGPOConfig`).
+
+    Attributes:
+        gamma: γ of the step returns and of the potential difference γΦ(s') − Φ(s).
+        peer_weight, transition_weight: w_p and w_tr.
+        transition_norm: σ_tr: "batch" (std of the transition credits over the groups of the call with outcome
+            contrast, the only ones with transition credit, summed over the processes with `sum_over_processes`;
+            docs/methods/progpo.md#our-choices), "group" (std of each group's transition credits) or "none" (1). A
+            std of 0 counts as 1.
+        progpo_mode: "mean_std_norm" (F = σ + ε; HGPO z-scores its groups) or "mean_norm" (F = 1), for A^E and
+            A^peer.
+        episode_statistic: Population of the A^E statistic, "trajectories" (GRPO) or "step_rows" (verl-agent); see
+            `trl_agents.credit.base` for where the invalid-action penalty enters.
+        prefix: "interaction": peers share every observation and canonical action before the step, and the current
+            observation; "actions": the canonical actions before the step only.
+        anchor: State identity of the potentials: "state_key" (the observation text when a step has none) or
+            "observation".
+        potential_depth: K, the deepest history context C_K(s_t) = (s_{t−K}, …, s_t) fused into Φ.
+        potential_smoothing: Beta(1, 1) prior on each success rate, Φ̂ = (succ + 1)/(n + 2); False gives succ/n.
+        potential_variance_floor: ε₀ added to each Var_k (> 0: a context with Φ̂ ∈ {0, 1} would have variance 0).
+        invalid_action_penalty: λ, for steps with `valid=False`; in A^E and in the peer returns ρ.
+        transition_std: Run-time input: σ_tr given by the caller (> 0), which overrides `transition_norm`; None.
+        eps: ε of `mean_std_norm`; not a config field.
+    """
+
+    gamma: float = 0.95
+    peer_weight: float = 1.0
+    transition_weight: float = 1.0
+    transition_norm: str = "group"
+    progpo_mode: str = "mean_std_norm"
+    episode_statistic: str = "trajectories"
+    prefix: str = "interaction"
+    anchor: str = "state_key"
+    potential_depth: int = 2
+    potential_smoothing: bool = True
+    potential_variance_floor: float = 1e-4
+    transition_std: float | None = runtime_field()
+    eps: float = runtime_field(1e-6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("mode", self.progpo_mode, MODES)
+        check_choice("prefix", self.prefix, PREFIXES)
+        check_choice("anchor", self.anchor, ANCHORS)
+        check_choice("transition_norm", self.transition_norm, TRANSITION_NORMS)
+        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        if not (math.isfinite(self.gamma) and 0.0 <= self.gamma <= 1.0):
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        depth = self.potential_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"max_depth must be an integer >= 0, got {depth!r}")
+        floor = self.potential_variance_floor
+        if not (math.isfinite(floor) and floor > 0):
+            raise ValueError(f"variance_floor must be > 0, got {floor}")
+        check_positive("eps", self.eps)
+        if self.transition_std is not None:
+            _check_scale(self.transition_std)
+
+
+def _check_scale(scale: float) -> None:
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"the transition scale must be finite and > 0, got {scale}")
+
+
 @dataclass
 class ProGPOParts:
     """The three credit terms of one group, before they are weighted and summed (`combine_parts`).
@@ -97,37 +156,8 @@ class ProGPOParts:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def progpo_parts(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    mode: str = "mean_std_norm",
-    statistic: str = "trajectories",
-    prefix: str = "interaction",
-    anchor: str = "state_key",
-    max_depth: int = 2,
-    smoothing: bool = True,
-    variance_floor: float = 1e-4,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> ProGPOParts:
+def progpo_parts(group: Group, params: ProGPOParams) -> ProGPOParts:
     """A^E, A^peer, A^tr and Φ for every step of `group` (see the module docstring for the equations).
-
-    Args:
-        group: The healthy trajectories of one task.
-        gamma: γ of the step returns and of the potential difference γΦ(s') − Φ(s).
-        mode: "mean_std_norm" (F = σ + ε; HGPO z-scores its groups) or "mean_norm" (F = 1), for A^E and A^peer.
-        statistic: Population of the A^E statistic, "trajectories" (GRPO) or "step_rows" (verl-agent); see
-            `trl_agents.credit.base` for where the invalid-action penalty enters.
-        prefix: "interaction": peers share every observation and canonical action before the step, and the current
-            observation; "actions": the canonical actions before the step only.
-        anchor: State identity of the potentials: "state_key" (the observation text when a step has none) or
-            "observation".
-        max_depth: K, the deepest history context C_K(s_t) = (s_{t−K}, …, s_t) fused into Φ.
-        smoothing: Beta(1, 1) prior on each success rate, Φ̂ = (succ + 1)/(n + 2); False gives succ/n.
-        variance_floor: ε₀ added to each Var_k (> 0: a context with Φ̂ ∈ {0, 1} would have variance 0).
-        invalid_penalty: λ, for steps with `valid=False`; in A^E and in the peer returns ρ.
-        eps: ε of `mean_std_norm`.
 
     Returns:
         `ProGPOParts`, with stats {"prefix_groups": number of distinct prefixes, "peer_fraction": fraction of step
@@ -135,18 +165,12 @@ def progpo_parts(
         group has both successful and failed episodes (else A^tr ≡ 0), "mean_potential": mean Φ over the rows,
         "num_rows": step rows}.
     """
-    check_choice("mode", mode, MODES)
-    check_choice("prefix", prefix, PREFIXES)
-    check_choice("anchor", anchor, ANCHORS)
-    check_group(group, invalid_penalty)
-    if not (math.isfinite(gamma) and 0.0 <= gamma <= 1.0):
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
-    if not (math.isfinite(variance_floor) and variance_floor > 0):
-        raise ValueError(f"variance_floor must be > 0, got {variance_floor}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    check_group(group)
+    gamma, mode, statistic, prefix, anchor, max_depth, smoothing, variance_floor, invalid_penalty, eps = (
+        params.gamma, params.progpo_mode, params.episode_statistic, params.prefix, params.anchor,
+        params.potential_depth, params.potential_smoothing, params.potential_variance_floor,
+        params.invalid_action_penalty, params.eps,
+    )
     scale = mode == "mean_std_norm"
     trajectories = group.trajectories
 
@@ -243,42 +267,21 @@ def combine_parts(
     parts: ProGPOParts, *, peer_weight: float = 1.0, transition_weight: float = 1.0, scale: float = 1.0
 ) -> StepAdvantages:
     """Step 5: A = A^E + w_p·A^peer + w_tr·A^tr/σ_tr, with σ_tr = `scale` (> 0)."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"the transition scale must be finite and > 0, got {scale}")
+    _check_scale(scale)
     return [
         [e + peer_weight * p + transition_weight * tr / scale for e, p, tr in zip(*rows, strict=True)]
         for rows in zip(parts.episode, parts.peer, parts.transition, strict=True)
     ]
 
 
-@register_estimator("progpo")
-def progpo_advantages(
-    group: Group,
-    *,
-    gamma: float = 0.95,
-    peer_weight: float = 1.0,
-    transition_weight: float = 1.0,
-    transition_norm: str = "group",
-    transition_std: float | None = None,
-    mode: str = "mean_std_norm",
-    statistic: str = "trajectories",
-    prefix: str = "interaction",
-    anchor: str = "state_key",
-    max_depth: int = 2,
-    smoothing: bool = True,
-    variance_floor: float = 1e-4,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> StepAdvantages:
-    """ProGPO advantages A = A^E + w_p·A^peer + w_tr·A^tr/σ_tr for every step of every trajectory of `group`.
+@register_estimator("progpo", ProGPOParams)
+def progpo_advantages(groups: Sequence[Group], params: ProGPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """ProGPO advantages A = A^E + w_p·A^peer + w_tr·A^tr/σ_tr for every step of every trajectory of every group.
 
-    Args:
-        peer_weight, transition_weight: w_p and w_tr.
-        transition_norm: σ_tr: "group" (std of this group's transition credits), "none" (1). The trainer's "batch"
-            (our default, docs/methods/progpo.md#our-choices) passes the batch std as `transition_std`, which
-            overrides this.
-        transition_std: σ_tr given by the caller (> 0), or None.
-        The other arguments are those of `progpo_parts`.
+    Returns:
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the groups
+        with steps: "peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential" (see
+        `progpo_parts`) and "transition_std" (the σ_tr the group's transition credit was divided by).
 
     Example (docs/methods/progpo.md#hand-computed-case; the GiGPO toy: A, D: s0 -a-> s1 -b-> success;
     B: s0 -a-> s1 -c-> fail; C: s0 -d-> s2 -e-> fail; γ = 1, F = 1, K = 0, no smoothing, σ_tr = 1):
@@ -288,28 +291,42 @@ def progpo_advantages(
         ...     return Trajectory(task={}, steps=steps, success=won)
         >>> group = Group(task={}, trajectories=[episode("s1", "a", "b", True), episode("s1", "a", "c", False),
         ...                                      episode("s2", "d", "e", False), episode("s1", "a", "b", True)])
-        >>> options = dict(gamma=1.0, mode="mean_norm", max_depth=0, smoothing=False, transition_norm="none")
-        >>> [[round(a, 4) for a in row] for row in progpo_advantages(group, **options)]
+        >>> params = ProGPOParams(gamma=1.0, progpo_mode="mean_norm", potential_depth=0, potential_smoothing=False,
+        ...                       transition_norm="none")
+        >>> (advantages,), _ = progpo_advantages([group], params)
+        >>> [[round(a, 4) for a in row] for row in advantages]
         [[1.1667, 1.1667], [-0.8333, -1.8333], [-1.5, -0.5], [1.1667, 1.1667]]
     """
-    check_choice("transition_norm", transition_norm, ("group", "none"))
-    parts = progpo_parts(
-        group,
-        gamma=gamma,
-        mode=mode,
-        statistic=statistic,
-        prefix=prefix,
-        anchor=anchor,
-        max_depth=max_depth,
-        smoothing=smoothing,
-        variance_floor=variance_floor,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    if transition_std is not None:
-        scale = transition_std
-    elif transition_norm == "group":
-        scale = transition_scale([v for row in parts.transition for v in row])
+    parts = [progpo_parts(group, params) for group in groups]
+    if params.transition_std is not None:
+        scales = [params.transition_std] * len(parts)
+    elif params.transition_norm == "batch":
+        scales = [_batch_transition_std(parts, params)] * len(parts)
+    elif params.transition_norm == "group":
+        scales = [transition_scale([v for row in p.transition for v in row]) for p in parts]
     else:
-        scale = 1.0
-    return combine_parts(parts, peer_weight=peer_weight, transition_weight=transition_weight, scale=scale)
+        scales = [1.0] * len(parts)
+    advantages = [
+        combine_parts(p, peer_weight=params.peer_weight, transition_weight=params.transition_weight, scale=scale)
+        for p, scale in zip(parts, scales, strict=True)
+    ]
+    with_rows = [{**p.stats, "transition_std": scale} for p, scale in zip(parts, scales, strict=True)
+                 if p.stats["num_rows"]]
+    return advantages, group_totals(with_rows, PROGPO_STATS)
+
+
+def _batch_transition_std(parts: Sequence[ProGPOParts], params: ProGPOParams) -> float:
+    """σ_tr over the step rows of the batch (every process, with `sum_over_processes`; two passes: mean, then
+    squares), or 1 when it is 0 or has fewer than two values.
+
+    Only groups with outcome contrast count: the others have A^tr ≡ 0, and in a batch of mostly all-failed groups
+    (early training) their zeros would shrink σ_tr and inflate the credit of the rest (our choice).
+    """
+    values = [v for p in parts if p.stats["outcome_contrast"] for row in p.transition for v in row]
+    count, value_sum = params.summed([float(len(values)), float(sum(values))])
+    if count < 2:
+        return 1.0
+    mean = value_sum / count
+    (squares,) = params.summed([float(sum((v - mean) ** 2 for v in values))])
+    std = math.sqrt(squares / (count - 1))
+    return std if std > 0 else 1.0

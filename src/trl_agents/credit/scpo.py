@@ -35,11 +35,13 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..names import did_you_mean
 from ..trajectory import Group, Step, Trajectory
-from .base import StepAdvantages, anchor_key, canonical_action, check_choice, check_group, register_estimator
-from .gigpo import gigpo_advantages_with_stats
+from .base import (StepAdvantages, Stats, anchor_key, canonical_action, check_choice, check_group, group_totals,
+                   register_estimator)
+from .gigpo import GiGPOParams, gigpo_group
 
 Scorer = Callable[[Step, Trajectory], Sequence[float]]
 """`scorer(failed_step, successful_sibling)`: how far along the sibling the step is, one score in [0, 1] per
@@ -47,6 +49,8 @@ sibling step (the reranker relevance of the failed step to each sibling step).""
 
 SIBLING_CHOICES = ("shortest", "highest_return")
 SHAPING_LEVELS = ("episode_and_step", "step")
+SCPO_METRICS = ("shaped_group_fraction", "mean_progress", "mean_shaping_return", "matched_step_fraction",
+                "mean_anchor_group_size")
 SCORERS: dict[str, Callable[..., Scorer]] = {}
 
 
@@ -240,6 +244,14 @@ def choose_sibling(group: Group, sibling: str = "shortest") -> Trajectory | None
     return min(successes, key=lambda traj: (-traj.episode_return, traj.num_steps, content(traj)))
 
 
+def _check_progress_settings(threshold: float, progress_coef: float, sibling: str) -> None:
+    if not (math.isfinite(threshold) and 0.0 < threshold <= 1.0):
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if not (math.isfinite(progress_coef) and progress_coef >= 0.0):
+        raise ValueError(f"progress_coef must be finite and >= 0, got {progress_coef}")
+    check_choice("sibling", sibling, SIBLING_CHOICES)
+
+
 def progress_rewards(
     group: Group,
     scorer: str | Scorer = "lexical",
@@ -278,11 +290,7 @@ def progress_rewards(
         >>> stats["mean_progress"]
         0.75
     """
-    if not (math.isfinite(threshold) and 0.0 < threshold <= 1.0):
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    if not (math.isfinite(progress_coef) and progress_coef >= 0.0):
-        raise ValueError(f"progress_coef must be finite and >= 0, got {progress_coef}")
-    check_choice("sibling", sibling, SIBLING_CHOICES)
+    _check_progress_settings(threshold, progress_coef, sibling)
     shaping = [[0.0] * traj.num_steps for traj in group.trajectories]
     failed = [i for i, traj in enumerate(group.trajectories) if not traj.success and traj.steps]
     best = choose_sibling(group, sibling)
@@ -335,64 +343,49 @@ def shaped_group(group: Group, shaping: StepAdvantages) -> Group:
     return Group(task=group.task, trajectories=trajectories)
 
 
-def scpo_advantages_with_stats(
-    group: Group,
-    *,
-    scorer: str | Scorer = "lexical",
-    threshold: float = 0.8,
-    progress_coef: float = 0.5,
-    sibling: str = "shortest",
-    shaping_level: str = "episode_and_step",
-    action_weight: float = 0.5,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    mode: str = "mean_norm",
-    statistic: str = "step_rows",
-    anchor: str = "state_key",
-    similarity_threshold: float | None = None,
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-6,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """SCPO advantages (progress shaping, then GiGPO) and diagnostics.
+@dataclass(frozen=True, kw_only=True)
+class SCPOParams(GiGPOParams):
+    """Settings of `scpo_advantages` (config fields of `SCPOConfig`): GiGPO's (`GiGPOParams`, the estimator SCPO
+    shapes) plus SCPO's.
 
-    Args:
-        scorer, threshold, progress_coef, sibling, action_weight: Steps 1-4, see `progress_rewards`.
-        shaping_level: "episode_and_step": GiGPO on the shaped rewards (step 5: they replace r_t, so
-            they also enter the episode return of A^E); "step": only the step-level returns of A^S are shaped, A^E
-            stays the outcome advantage (the digest's "added to GiGPO's step rewards").
-        gamma, omega, mode, statistic, anchor, similarity_threshold, invalid_penalty, eps: GiGPO's
-            (`trl_agents.credit.gigpo.gigpo_advantages_with_stats`).
+    Attributes:
+        scpo_scorer: A built-in scorer name (`get_scorer`) or a callable `scorer(failed_step, sibling) -> [S[t, j]
+            for j]`; the trainer gives its one scorer instance for the run at run time (built-in scorers keep
+            caches).
+        progress_threshold, progress_coef, sibling, scorer_action_weight: Steps 1-4, see `progress_rewards`
+            (`threshold`, `progress_coef`, `sibling`, `action_weight`).
+        shaping_level: "episode_and_step": GiGPO on the shaped rewards (step 5: they replace r_t, so they also enter
+            the episode return of A^E); "step": only the step-level returns of A^S are shaped, A^E stays the outcome
+            advantage (the digest's "added to GiGPO's step rewards").
+    """
+
+    scpo_scorer: str | Scorer = "lexical"
+    progress_threshold: float = 0.8
+    progress_coef: float = 0.5
+    sibling: str = "shortest"
+    shaping_level: str = "episode_and_step"
+    scorer_action_weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("shaping_level", self.shaping_level, SHAPING_LEVELS)
+        _check_progress_settings(self.progress_threshold, self.progress_coef, self.sibling)
+        if not (math.isfinite(self.scorer_action_weight) and 0.0 <= self.scorer_action_weight <= 1.0):
+            raise ValueError(f"action_weight must be in [0, 1], got {self.scorer_action_weight}")
+        if not callable(self.scpo_scorer) and self.scpo_scorer not in SCORERS:
+            get_scorer(self.scpo_scorer)  # raises, naming the known scorers
+
+
+@register_estimator("scpo", SCPOParams, metrics=SCPO_METRICS)
+def scpo_advantages(groups: Sequence[Group], params: SCPOParams) -> tuple[list[StepAdvantages], Stats]:
+    """SCPO advantages (progress shaping, then GiGPO) for every step of every trajectory of every group.
 
     Returns:
-        (advantages, stats): stats of `progress_rewards` plus GiGPO's anchor-group stats.
-    """
-    check_choice("shaping_level", shaping_level, SHAPING_LEVELS)
-    check_group(group, invalid_penalty)
-    shaping, stats = progress_rewards(
-        group, scorer, threshold=threshold, progress_coef=progress_coef, sibling=sibling, action_weight=action_weight
-    )
-    gigpo = {
-        "gamma": gamma, "mode": mode, "statistic": statistic, "anchor": anchor,
-        "similarity_threshold": similarity_threshold, "invalid_penalty": invalid_penalty, "eps": eps,
-    }
-    shaped = shaped_group(group, shaping)
-    if shaping_level == "episode_and_step" or not stats["shaped"]:
-        advantages, anchor_stats = gigpo_advantages_with_stats(shaped, omega=omega, **gigpo)
-    else:
-        # A^E(r) + ω·A^S(r'), where A^S(r') = GiGPO(r', ω=1) − GiGPO(r', ω=0) and A^E(r) = GiGPO(r, ω=0).
-        outcome, _ = gigpo_advantages_with_stats(group, omega=0.0, **gigpo)
-        both, anchor_stats = gigpo_advantages_with_stats(shaped, omega=1.0, **gigpo)
-        episode_only, _ = gigpo_advantages_with_stats(shaped, omega=0.0, **gigpo)
-        advantages = [
-            [a_e + omega * (a - a_e_shaped) for a_e, a, a_e_shaped in zip(*rows, strict=True)]
-            for rows in zip(outcome, both, episode_only, strict=True)
-        ]
-    return advantages, {**stats, **anchor_stats}
-
-
-@register_estimator("scpo")
-def scpo_advantages(group: Group, **options) -> StepAdvantages:
-    """SCPO advantages; the options are those of `scpo_advantages_with_stats`.
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats:
+        "shaped_group_fraction" (over the groups with trajectories: those with a success and a failure, which get
+        shaped), "mean_progress", "mean_shaping_return", "matched_step_fraction" (`progress_rewards`, over the shaped
+        groups), "num_anchor_groups" and "mean_anchor_group_size" (GiGPO's, over the groups with anchor states). A
+        trainer logs all but "num_anchor_groups".
 
     Example: B failed but retraced the first of the two steps of the successful A (exact scorer, c = 0.5·1):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
@@ -401,7 +394,45 @@ def scpo_advantages(group: Group, **options) -> StepAdvantages:
         >>> group = Group(task={}, trajectories=[a, b])
         >>> progress_rewards(group, "exact")[0]
         [[0.0, 0.0], [0.25, 0.0]]
-        >>> [[round(x, 4) for x in row] for row in scpo_advantages(group, scorer="exact", gamma=1.0)]
+        >>> (advantages,), _ = scpo_advantages([group], SCPOParams(scpo_scorer="exact", gamma=1.0))
+        >>> [[round(x, 4) for x in row] for row in advantages]
         [[0.75, 0.875], [-0.75, -0.875]]
     """
-    return scpo_advantages_with_stats(group, **options)[0]
+    scorer = get_scorer(params.scpo_scorer, action_weight=params.scorer_action_weight)  # one instance: its caches
+    advantages, with_trajectories = [], []
+    for group in groups:
+        group_advantages, group_stats = _scpo_group(group, scorer, params)
+        advantages.append(group_advantages)
+        if group.trajectories:
+            with_trajectories.append(group_stats)
+    shaped = [s for s in with_trajectories if s["shaped_group_fraction"]]
+    with_anchors = [s for s in with_trajectories if s["num_anchor_groups"]]
+    return advantages, {
+        **group_totals(with_trajectories, ("shaped_group_fraction",)),
+        **group_totals(shaped, ("mean_progress", "mean_shaping_return", "matched_step_fraction")),
+        **group_totals(with_anchors, ("num_anchor_groups", "mean_anchor_group_size")),
+    }
+
+
+def _scpo_group(group: Group, scorer: Scorer, params: SCPOParams) -> tuple[StepAdvantages, dict[str, float]]:
+    """SCPO on one group: its advantages, and its diagnostics (`progress_rewards`'s, "shaped" as
+    "shaped_group_fraction", plus GiGPO's anchor stats)."""
+    check_group(group)
+    shaping, stats = progress_rewards(
+        group, scorer, threshold=params.progress_threshold, progress_coef=params.progress_coef,
+        sibling=params.sibling, action_weight=params.scorer_action_weight,
+    )
+    shaped = shaped_group(group, shaping)
+    if params.shaping_level == "episode_and_step" or not stats["shaped"]:
+        advantages, anchor_stats = gigpo_group(shaped, params)
+    else:
+        # A^E(r) + ω·A^S(r'), where A^S(r') = GiGPO(r', ω=1) − GiGPO(r', ω=0) and A^E(r) = GiGPO(r, ω=0).
+        outcome, _ = gigpo_group(group, params, omega=0.0)
+        both, anchor_stats = gigpo_group(shaped, params, omega=1.0)
+        episode_only, _ = gigpo_group(shaped, params, omega=0.0)
+        omega = params.step_advantage_w
+        advantages = [
+            [a_e + omega * (a - a_e_shaped) for a_e, a, a_e_shaped in zip(*rows, strict=True)]
+            for rows in zip(outcome, both, episode_only, strict=True)
+        ]
+    return advantages, {**stats, "shaped_group_fraction": stats["shaped"], **anchor_stats}

@@ -3,61 +3,30 @@ Supervisory Signals Fix It" (Hao et al. 2026, arXiv 2606.26027; docs/methods/too
 
 The paper is an analysis: multi-turn tool-use GRPO collapses when the probabilities of a few control tokens (the
 tool-call delimiters, end of turn) spike, and supervision with ground-truth (GT) actions stabilises it. The pieces
-here are pure functions; the trainer (`trainers/toolrl.py`), the `supervised` topology and the control-token monitor
-(`callbacks/control_tokens.py`) use them.
+here are pure functions; the trainer (`trainers/toolrl.py`) and the control-token monitor
+(`callbacks/control_tokens.py`) use them. The group composition (OPS, HBG: of the G rollouts of a task, k_gt are
+teacher-forced on the GT action of every turn, k_hint sample with a hint in the system prompt, and G − k_gt − k_hint
+are ordinary; `group_composition`) and the hint text (`plan_hint`) are the `supervised` topology's
+(`rollout/topologies/supervised.py`).
 
-* Group composition (OPS, HBG): of the G rollouts of a task, k_gt are teacher-forced on the GT action of every turn,
-  k_hint sample with a hint in the system prompt, and G − k_gt − k_hint are ordinary (`group_composition`).
 * LUFFY-style shaping of the off-policy (teacher-forced) tokens: f = π_θ / (π_θ + γ), γ = 0.1, and, as the released
   actor (`compute_token_on_off_policy_loss`) does, the pessimistic PPO form max(−A·f, −A·clip(f, 1 − ε_low,
   1 + ε_high)) (`shaped_off_policy_ratio`, `off_policy_token_loss`); on-policy tokens keep the clipped PPO/GRPO loss.
   The released actor's dual clip min(·, −A·c) for A < 0 never binds here: clip(f) ≤ 1 < c.
-* The hint text of HBG (`plan_hint`), built from the GT plan with our own template.
 * The task selection of ETS: the tasks that had at least one zero-reward rollout (`zero_reward_tasks`).
 
 Numerical guards: π_θ = exp(log π_θ) with log π_θ clamped to ≤ 0 (f in [0, 1/(1+γ)], never NaN or inf); γ must be
 > 0 (f = 1 for every token at γ = 0 would carry no gradient); masked positions may hold NaN log-probs and give 0
-loss; an empty group composition or an empty plan raises a one-line ValueError.
+loss.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 
 from ..trajectory import Group, task_id
-
-DEFAULT_HINT_TEMPLATE = (
-    "A note that may help (you need not follow it): a good sequence of tool calls for this task is {plan}."
-)
-"""Our choice of HBG hint wording (the paper's hints are LLM-written summaries of the GT tool-call pattern)."""
-
-
-def group_composition(num_generations: int, replace_num: int = 0, hint_num: int = 0) -> tuple[int, int, int]:
-    """(ordinary, teacher-forced, hinted) rollouts of a group of `num_generations`.
-
-    The paper's OPS forces 1 of 8 rollouts, HBG hints 2 of 8; at least one rollout stays ordinary (on-policy).
-
-    >>> group_composition(8, replace_num=1)           # OPS: 7 sampled + 1 on the GT actions
-    (7, 1, 0)
-    >>> group_composition(8, replace_num=1, hint_num=2)  # both: 8 − 1 − 2 = 5 ordinary
-    (5, 1, 2)
-    >>> group_composition(8, replace_num=8)
-    Traceback (most recent call last):
-    ...
-    ValueError: toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of num_generations=8, got 8 + 0
-    """
-    for name, value in (("toolrl_replace_num", replace_num), ("toolrl_hint_num", hint_num)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if replace_num + hint_num > num_generations - 1:
-        raise ValueError(
-            f"toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of "
-            f"num_generations={num_generations}, got {replace_num} + {hint_num}"
-        )
-    return num_generations - replace_num - hint_num, replace_num, hint_num
-
 
 def shaped_off_policy_ratio(
     logps: torch.Tensor, gamma: float = 0.1, clip: tuple[float, float] | None = None
@@ -111,20 +80,6 @@ def off_policy_token_loss(
     if clip is not None:
         loss = torch.maximum(loss, -advantages * shaped_off_policy_ratio(logps, gamma, clip))  # max(−A·f, −A·clip(f))
     return torch.where(mask.bool(), loss, torch.zeros_like(loss))
-
-
-def plan_hint(plan: Sequence[str], template: str = DEFAULT_HINT_TEMPLATE) -> str:
-    """The HBG hint of a task from its GT plan (our template; `{plan}` is replaced by the actions joined by " then ").
-
-    >>> plan_hint(["search[Meshar Vohais born]", "answer[Kibelburg]"])
-    'A note that may help (you need not follow it): a good sequence of tool calls for this task is search[Meshar Vohais born] then answer[Kibelburg].'
-    """
-    actions = [str(a) for a in plan if str(a).strip()]
-    if not actions:
-        raise ValueError("a hint needs a non-empty ground-truth plan (the environment returned no actions)")
-    if "{plan}" not in template:
-        raise ValueError(f"toolrl_hint_template must contain '{{plan}}', got {template!r}")
-    return template.replace("{plan}", " then ".join(actions))
 
 
 def zero_reward_tasks(groups: Iterable[Group], threshold: float = 0.0) -> dict[str, dict]:

@@ -35,12 +35,13 @@ Example (the hand-computed case of docs/methods/vict.md, A = +1 and −1):
     >>> k2 = {"name": "k2", "status": "sat", "witness_step": 3, "depends_on": ["k1"]}
     >>> violated = {"name": "k2", "status": "unsat", "witness_step": 2, "depends_on": ["k1"]}
     >>> group = Group(task={}, trajectories=[episode(2.0, True, [k1, k2]), episode(0.0, False, [k1, violated])])
-    >>> vict_advantages(group, scale="none")
-    [[0.0, 2.0, 0.0, 2.0], [0.0, 0.0, -4.0, 0.0]]
+    >>> params = VICTParams(scale_rewards="none")
+    >>> vict_advantages([group], params)[0]
+    [[[0.0, 2.0, 0.0, 2.0], [0.0, 0.0, -4.0, 0.0]]]
     >>> early = {**k2, "witness_step": 0}  # k2 witnessed before its dependency k1: abstain, broadcast
     >>> group = Group(task={}, trajectories=[episode(2.0, True, [k1, early]), episode(0.0, False, [k1, violated])])
-    >>> vict_advantages(group, scale="none")
-    [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, -4.0, 0.0]]
+    >>> vict_advantages([group], params)[0]
+    [[[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, -4.0, 0.0]]]
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trajectory import Group
-from .base import StepAdvantages, check_choice, check_group, mean_std, normalize, register_estimator
+from .base import (CreditParams, Stats, StepAdvantages, check_choice, check_group, check_positive, mean_std, normalize,
+                   register_estimator, runtime_field)
 
 ATOM_STATUSES = ("sat", "unsat", "unknown")
 FAILURE_CORES = ("greedy", "all_unsat", "none")
@@ -94,74 +96,72 @@ class _Atom:
     depends_on: tuple[str, ...]
 
 
-@register_estimator("vict")
-def vict_advantages(
-    group: Group,
-    *,
-    scale: str = "group",
-    edge_share: float = 1.0,
-    failure_core: str = "greedy",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-4,
-) -> StepAdvantages:
-    """VICT advantages for every step of every trajectory of `group`; see `vict_advantages_with_stats`."""
-    advantages, _ = vict_advantages_with_stats(
-        group,
-        scale=scale,
-        edge_share=edge_share,
-        failure_core=failure_core,
-        invalid_penalty=invalid_penalty,
-        eps=eps,
-    )
-    return advantages
+@dataclass(frozen=True, kw_only=True)
+class VICTParams(CreditParams):
+    """Settings of `vict_advantages` (config fields of `VICTConfig`).
 
-
-def vict_advantages_with_stats(
-    group: Group,
-    *,
-    scale: str = "group",
-    edge_share: float = 1.0,
-    failure_core: str = "greedy",
-    invalid_penalty: float = 0.1,
-    eps: float = 1e-4,
-) -> tuple[StepAdvantages, dict[str, float]]:
-    """VICT advantages plus tracing diagnostics.
-
-    Args:
-        group: The healthy trajectories of one task; each trajectory's last step holds its verifier atoms in
-            `signals["verifier_atoms"]` (dicts or `VerifierAtom`s with `name`, `status`, `witness_step`, `depends_on`).
-        scale: "group": A_i = (R_i − μ)/(σ + ε) over the n episode returns (GRPO, Bessel std); "none": R_i − μ.
-        edge_share: ρ ∈ [0, 1], the share of A_i moved onto the edge steps; 1 − ρ stays on every step (docs/methods/vict.md step 5,
-            ρ = 1 by default).
+    Attributes:
+        scale_rewards: "group": A_i = (R_i − μ)/(σ + ε) over the n episode returns (GRPO, Bessel std); "none": R_i − μ.
+        edge_share: ρ ∈ [0, 1], the share of A_i moved onto the edge steps; 1 − ρ stays on every step
+            (docs/methods/vict.md step 5, ρ = 1 by default).
         failure_core: Core of a failed episode: "greedy" (the first non-sat atom in dependency order, ties in the
             verifier's order; abstain if it is unknown), "all_unsat" (every unsat atom; abstain on any unknown atom),
             or "none" (failed episodes keep the broadcast credit).
-        invalid_penalty: λ, subtracted on the steps whose action was invalid (after the redistribution).
-        eps: ε added to the std (TRL: 1e-4).
+        invalid_action_penalty: λ, subtracted on the steps whose action was invalid (after the redistribution).
+        eps: ε added to the std (TRL: 1e-4); not a config field.
+    """
+
+    scale_rewards: str = "group"
+    edge_share: float = 1.0
+    failure_core: str = "greedy"
+    eps: float = runtime_field(1e-4)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("scale", self.scale_rewards, ("group", "none"))
+        check_choice("failure_core", self.failure_core, FAILURE_CORES)
+        check_positive("eps", self.eps)
+        if not (math.isfinite(self.edge_share) and 0.0 <= self.edge_share <= 1.0):
+            raise ValueError(f"edge_share (ρ) must be in [0, 1], got {self.edge_share}")
+
+
+@register_estimator("vict", VICTParams)
+def vict_advantages(groups: Sequence[Group], params: VICTParams) -> tuple[list[StepAdvantages], Stats]:
+    """VICT advantages for every step of every trajectory of every group.
+
+    Each trajectory's last step holds its verifier atoms in `signals["verifier_atoms"]` (dicts or `VerifierAtom`s with
+    `name`, `status`, `witness_step`, `depends_on`).
 
     Returns:
-        (advantages, stats): one list per trajectory with one advantage per step; stats counts over the
-        trajectories with at least one step: "trajectories", "abstained", "credited_steps" (Σ|E_i| over the traced
-        ones), "traced_steps" (Σ T_i over the traced ones), "abstention_rate", "mean_credited_steps" (|E_i| per
-        traced trajectory) and "abstain/<reason>" for every reason of `ABSTAIN_REASONS`; rates are 0 when there is
-        nothing to count.
+        (advantages, stats): per group, one list per trajectory with one advantage per step; stats over the
+        trajectories with at least one step: "abstention_rate" (abstained / trajectories), "mean_credited_steps"
+        (Σ|E_i| / traced trajectories), "credited_step_fraction" (Σ|E_i| / Σ T_i over the traced ones) and
+        "abstain/<reason>" (trajectories abstaining for that reason / trajectories) for every reason of
+        `ABSTAIN_REASONS`.
     """
-    check_choice("scale", scale, ("group", "none"))
-    check_choice("failure_core", failure_core, FAILURE_CORES)
-    check_group(group, invalid_penalty)
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if not (math.isfinite(edge_share) and 0.0 <= edge_share <= 1.0):
-        raise ValueError(f"edge_share (ρ) must be in [0, 1], got {edge_share}")
+    counts = dict.fromkeys(["trajectories", "abstained", "credited_steps", "traced_steps",
+                            *(f"abstain/{reason}" for reason in ABSTAIN_REASONS)], 0)
+    advantages = [_vict_group(group, params, counts) for group in groups]
+    trajectories, traced = counts["trajectories"], counts["trajectories"] - counts["abstained"]
+    return advantages, {
+        "abstention_rate": (counts["abstained"], trajectories),
+        "mean_credited_steps": (counts["credited_steps"], traced),
+        "credited_step_fraction": (counts["credited_steps"], counts["traced_steps"]),
+        **{f"abstain/{reason}": (counts[f"abstain/{reason}"], trajectories) for reason in ABSTAIN_REASONS},
+    }
+
+
+def _vict_group(group: Group, params: VICTParams, stats: dict[str, int]) -> StepAdvantages:
+    """VICT on one group; adds its counts (trajectories, abstained, credited and traced steps, abstentions per reason)
+    to `stats`."""
+    check_group(group)
 
     # Group-relative advantage A_i of each episode (GRPO over the n episode returns).
     returns = [traj.episode_return for traj in group.trajectories]
     mean, std = mean_std(returns)
-    episode = normalize(returns, mean, std, scale=scale == "group", eps=eps)
+    episode = normalize(returns, mean, std, scale=params.scale_rewards == "group", eps=params.eps)
 
     advantages: StepAdvantages = []
-    stats = {"trajectories": 0, "abstained": 0, "credited_steps": 0, "traced_steps": 0}
-    reasons = dict.fromkeys(ABSTAIN_REASONS, 0)
     for a_i, traj in zip(episode, group.trajectories, strict=True):
         steps = traj.steps
         if not steps:
@@ -169,25 +169,20 @@ def vict_advantages_with_stats(
             continue
         # Steps 1-4: trace the core atoms to their witness steps along dependency-valid edges, or abstain.
         trace = trace_proof_edges(
-            steps[-1].signals.get(VERIFIER_ATOMS_KEY), len(steps), traj.success, failure_core=failure_core
+            steps[-1].signals.get(VERIFIER_ATOMS_KEY), len(steps), traj.success, failure_core=params.failure_core
         )
         # Step 5: mass-preserving redistribution along the edges (broadcast when abstaining), then λ locally.
-        row = redistribute(a_i, len(steps), trace.edge_steps, edge_share)
-        advantages.append([a - invalid_penalty if not step.valid else a for a, step in zip(row, steps, strict=True)])
+        row = redistribute(a_i, len(steps), trace.edge_steps, params.edge_share)
+        penalty = params.invalid_action_penalty
+        advantages.append([a - penalty if not step.valid else a for a, step in zip(row, steps, strict=True)])
         stats["trajectories"] += 1
         if trace.abstain is not None:
             stats["abstained"] += 1
-            reasons[trace.abstain] += 1
+            stats[f"abstain/{trace.abstain}"] += 1
         else:
             stats["credited_steps"] += len(trace.edge_steps)
             stats["traced_steps"] += len(steps)
-
-    traced = stats["trajectories"] - stats["abstained"]
-    result = {name: float(value) for name, value in stats.items()}
-    result["abstention_rate"] = stats["abstained"] / stats["trajectories"] if stats["trajectories"] else 0.0
-    result["mean_credited_steps"] = stats["credited_steps"] / traced if traced else 0.0
-    result.update({f"abstain/{reason}": float(count) for reason, count in reasons.items()})
-    return advantages, result
+    return advantages
 
 
 def redistribute(advantage: float, num_steps: int, edge_steps: Sequence[int], edge_share: float = 1.0) -> list[float]:
@@ -227,7 +222,7 @@ def trace_proof_edges(
             `witness_step` is an int, None, or a list of candidate steps (more than one distinct: ambiguous).
         num_steps: T, the number of steps of the trajectory (witness steps index them, invalid steps included).
         success: Whether the episode succeeded (selects the success or the failure core).
-        failure_core: "greedy", "all_unsat" or "none" (see `vict_advantages_with_stats`).
+        failure_core: "greedy", "all_unsat" or "none" (see `VICTParams.failure_core`).
 
     Example (success: both atoms are the core; their witnesses, in dependency order, are the edges):
         >>> atoms = [{"name": "k1", "status": "sat", "witness_step": 1},

@@ -30,7 +30,7 @@ Example:
     tensor(0.2500)
 """
 
-from .adrs import adrs_advantages, adrs_eta_schedule
+from .adrs import ADRSParams, adrs_advantages, adrs_eta_schedule
 from .dark_room import (
     collapse_diagnostics,
     dense_share,
@@ -61,8 +61,9 @@ from .grsd import (
     warmdown_lambda,
 )
 from .ocsd import (
+    OCSDParams,
     modulate_advantage,
-    ocsd_advantages_with_stats,
+    ocsd_advantages,
     replay_views,
     residual_gate,
     select_steps,
@@ -73,7 +74,9 @@ from .pcsd import pcsd_token_terms, pcsd_weights
 from .sdar import sdar_gate, sdar_token_terms
 
 __all__ = [
+    "ADRSParams",
     "Example",
+    "OCSDParams",
     "adrs_advantages",
     "adrs_eta_schedule",
     "build_step_examples",
@@ -86,7 +89,7 @@ __all__ = [
     "masked_token_mean",
     "modulate_advantage",
     "modulated_advantages",
-    "ocsd_advantages_with_stats",
+    "ocsd_advantages",
     "pack_examples",
     "pcsd_token_terms",
     "pcsd_weights",

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from ..credit.base import check_choice, mean_std
+from ..credit.base import CreditParams, Stats, check_choice, mean_std, register_estimator, runtime_field
 from ..trajectory import Group
 
 ADRS_VARIANTS = ("released", "paper")
@@ -203,47 +204,61 @@ def _teacher_logps(group: Group, i: int, t: int) -> list[float]:
     return [float(v) for v in values]
 
 
-def adrs_advantages(
-    groups: Sequence[Group],
-    *,
-    eta: float = 0.02,
-    eta_eff: float | None = None,
-    variant: str = "released",
-    unit: str = "step",
-    normalize_mode: str = "per_seq",
-    tau: float = 2.0,
-    alpha_temperature: float = 1.0,
-    clip: float = 0.2,
-    adaptive: bool = True,
-    invalid_penalty: float = 0.1,
-    std_eps: float = GRPO_EPS,
-    gather: Callable[[list[float]], list[float]] | None = None,
-) -> tuple[list[TokenAdvantages], dict[str, tuple[float, float]]]:
+@dataclass(frozen=True, kw_only=True)
+class ADRSParams(CreditParams):
+    """Settings of `adrs_advantages` (config fields of `ADRSConfig`).
+
+    Attributes:
+        adrs_eta: η (fix5: 0.02), the scale of q = η·m·r̂.
+        adrs_variant: "released" (fix5: z + clip(η_eff·ẑ^T, ±c_g)) or "paper" (z + η_eff·m·r̂).
+        adrs_unit: "step" (a row per step, verl-agent) or "episode" (a row per trajectory); the trainer resolves
+            its config's "auto" from `row_format` and gives it at run time.
+        adrs_normalize_mode: "per_seq" (std over the row's tokens) or "global" (over the batch's tokens).
+        adrs_tva_tau: τ of the gate σ(τ·TVA) (2).
+        adrs_tva_temperature: T_α of α = σ((c − mean c)/T_α) (1).
+        adrs_clip: c of the released clip (0.2); 0 = no clipping.
+        adrs_adaptive_clip: scale the clip by min(1, σ_g/median σ) (fix5: on).
+        invalid_action_penalty: λ, on the score of invalid steps (verl-agent 0.1).
+        adrs_std_eps: ε of the z-score (R − μ)/(σ + ε) and the σ below which a group gets no teacher term (verl's
+            1e-6). A tiny ε inflates tiny spreads: a return difference of 1e-5 gives z = ±0.6 at 1e-6, ±0.047 at 1e-4.
+        eta_eff: Run-time input: η_eff of this step (`adrs_eta_schedule`); None = η.
+        gather: Run-time input: collects a list of floats from every process (the trainer's all-gather), so that
+            the batch statistics are those of the whole generation batch; None = the groups of the call only.
+    """
+
+    adrs_eta: float = 0.02
+    adrs_variant: str = "released"
+    adrs_unit: str = "step"
+    adrs_normalize_mode: str = "per_seq"
+    adrs_tva_tau: float = 2.0
+    adrs_tva_temperature: float = 1.0
+    adrs_clip: float = 0.2
+    adrs_adaptive_clip: bool = True
+    adrs_std_eps: float = GRPO_EPS
+    eta_eff: float | None = runtime_field()
+    gather: Callable[[list[float]], list[float]] | None = runtime_field(compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("variant", self.adrs_variant, ADRS_VARIANTS)
+        check_choice("unit", self.adrs_unit, ADRS_UNITS)
+        check_choice("normalize_mode", self.adrs_normalize_mode, NORMALIZE_MODES)
+
+
+@register_estimator("adrs", ADRSParams)
+def adrs_advantages(groups: Sequence[Group], params: ADRSParams) -> tuple[list[TokenAdvantages], Stats]:
     """ADRS per-token advantages of every group of a batch (module docstring for the formulas).
 
     Args:
         groups: The healthy trajectories of each task; every step with action tokens carries
             `step.signals["teacher_logprobs"]` (one value per action token). Batch statistics (mean_batch c, the
             median group σ, the "global" std) are taken over all of them.
-        eta: η (fix5: 0.02), the scale of q = η·m·r̂.
-        eta_eff: η_eff of this step (`adrs_eta_schedule`); None = η.
-        variant: "released" (fix5: z + clip(η_eff·ẑ^T, ±c_g)) or "paper" (z + η_eff·m·r̂).
-        unit: "step" (a row per step, verl-agent) or "episode" (a row per trajectory).
-        normalize_mode: "per_seq" (std over the row's tokens) or "global" (over the batch's tokens).
-        tau: τ of the gate σ(τ·TVA) (2).
-        alpha_temperature: T_α of α = σ((c − mean c)/T_α) (1).
-        clip: c of the released clip (0.2); 0 = no clipping.
-        adaptive: scale the clip by min(1, σ_g/median σ) (fix5: on).
-        invalid_penalty: λ, on the score of invalid steps (verl-agent 0.1).
-        std_eps: ε of the z-score (R − μ)/(σ + ε) and the σ below which a group gets no teacher term (verl's 1e-6).
-            A tiny ε inflates tiny spreads: a return difference of 1e-5 gives z = ±0.6 at 1e-6, ±0.047 at 1e-4.
-        gather: Collects a list of floats from every process (the trainer's all-gather), so that the batch
-            statistics are those of the whole generation batch; None = these groups only.
+        params: `ADRSParams`.
 
     Returns:
         (advantages, stats): `advantages[g][i][t]` = one value per action token of step t of trajectory i (an empty
         list for a step without tokens); `stats` maps names (tva, gate, eta_eff, teacher_term_abs_mean,
-        teacher_groups, clip_fraction) to (total, count) pairs for `log_global_means`.
+        teacher_groups, clip_fraction) to (total, count) pairs.
 
     Example (one group, two one-step episodes: ℓ^T = [−1, −3] with return 1 and [−0.5, −1.5] with return 0; every
     intermediate number is in tests/test_distill_adrs.py):
@@ -252,14 +267,16 @@ def adrs_advantages(
         ...     step = Step("o", "a", action_ids=[1, 2], reward=reward, signals={"teacher_logprobs": logps})
         ...     return Trajectory(task={}, steps=[step])
         >>> group = Group(task={}, trajectories=[episode([-1.0, -3.0], 1.0), episode([-0.5, -1.5], 0.0)])
-        >>> advantages, stats = adrs_advantages([group], eta=0.02)
+        >>> advantages, stats = adrs_advantages([group], ADRSParams(adrs_eta=0.02))
         >>> [[round(a, 5) for a in traj[0]] for traj in advantages[0]]  # z = ±0.70711, teacher term ±0.01732
         [[0.72443, 0.68979], [-0.68979, -0.72443]]
     """
-    check_choice("variant", variant, ADRS_VARIANTS)
-    check_choice("unit", unit, ADRS_UNITS)
-    check_choice("normalize_mode", normalize_mode, NORMALIZE_MODES)
-    eta_eff = eta if eta_eff is None else eta_eff
+    eta, variant, unit = params.adrs_eta, params.adrs_variant, params.adrs_unit
+    normalize_mode = params.adrs_normalize_mode
+    tau, alpha_temperature, clip, adaptive = (params.adrs_tva_tau, params.adrs_tva_temperature, params.adrs_clip,
+                                              params.adrs_adaptive_clip)
+    invalid_penalty, std_eps, gather = params.invalid_action_penalty, params.adrs_std_eps, params.gather
+    eta_eff = eta if params.eta_eff is None else params.eta_eff
 
     # Per group: rows, their tokens' centred scores (per step), alignments c_i and scores R_i.
     prepared = []

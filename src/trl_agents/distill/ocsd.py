@@ -31,9 +31,12 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from ..credit.base import Stats, register_estimator, runtime_field
+from ..credit.grpo import GRPOOutcomeParams
 from ..signals.base import ModelSignal, register_signal
 from ..signals.model import ScoringUnit, assign, score_units
 from ..signals.views import PrivilegedView
@@ -133,53 +136,74 @@ def modulate_advantage(advantage: float, q: torch.Tensor, beta: float = 0.5) -> 
     return advantage + beta * abs(advantage) * q  # Â = A + β·|A|·q = A·(1 + β·sgn(A)·q)
 
 
-def ocsd_advantages_with_stats(
-    groups: Sequence[Group],
-    advantages: Sequence[Sequence[Sequence[float]]],
-    *,
-    beta: float = 0.5,
-    signal: str = SIGNAL_NAME,
-) -> tuple[list[list[list[float | list[float]]]], dict[str, float]]:
+@dataclass(frozen=True, kw_only=True)
+class OCSDParams(GRPOOutcomeParams):
+    """Settings of `ocsd_advantages` (config fields of `OCSDConfig`).
+
+    Attributes:
+        scale_rewards, credit_statistic, invalid_action_penalty: GRPO's outcome advantage (`GRPOOutcomeParams`).
+        ocsd_beta: β ∈ [0, 1) of the modulation Â = A + β·|A|·q.
+        outcome_advantages: Run-time input: the step advantages to modulate, `advantages[g][i][k]`; None = GRPO's
+            with the settings above (ε = 1e-4).
+        signal: The step signal that holds a selected step's residuals; not a config field.
+    """
+
+    ocsd_beta: float = 0.5
+    outcome_advantages: Sequence[Sequence[Sequence[float]]] | None = runtime_field(compare=False, repr=False)
+    signal: str = runtime_field(SIGNAL_NAME)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_beta(self.ocsd_beta)
+
+
+@register_estimator("ocsd", OCSDParams)
+def ocsd_advantages(groups: Sequence[Group], params: OCSDParams) -> tuple[list[list[list[float | list[float]]]], Stats]:
     """GRPO's step advantages `advantages[g][i][k]` with the selected steps modulated token by token.
 
     A step is selected when `step.signals[signal]` holds its residuals (one per action token, as `OCSDResidual`
     stores them); it then gets a list Â_t, every other step keeps its scalar A.
 
     Returns:
-        (advantages, stats): stats hold totals for the logs — `steps` (steps with action tokens), `selected`,
-        `tokens` (action tokens of the selected steps), `abs_q` (Σ|q|), `residual` (Σ e over finite e),
-        `finite` (tokens with a finite e), `abs_change` (Σ|Â − A|).
+        (advantages, stats): stats "selected_fraction" (selected steps / steps with action tokens), "mean_abs_q"
+        (Σ|q| / action tokens of the selected steps), "mean_residual" (Σ e / tokens with a finite e),
+        "nonfinite_residual_fraction" (tokens with a non-finite e / tokens) and "mean_abs_advantage_change"
+        (Σ|Â − A| / tokens).
 
     Example (one trajectory, two steps, A = 1; the first is selected with e = [2, −1]):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> steps = [Step("o0", "a", action_ids=[5, 6], signals={SIGNAL_NAME: [2.0, -1.0]}),
         ...          Step("o1", "b", action_ids=[7], signals={SIGNAL_NAME: None})]
-        >>> adv, stats = ocsd_advantages_with_stats([Group({}, [Trajectory({}, steps)])], [[[1.0, 1.0]]])
+        >>> params = OCSDParams(outcome_advantages=[[[1.0, 1.0]]])
+        >>> adv, stats = ocsd_advantages([Group({}, [Trajectory({}, steps)])], params)
         >>> [[round(a, 4) for a in adv[0][0][0]], adv[0][0][1]]
         [[1.3808, 0.7689], 1.0]
-        >>> stats["selected"], stats["steps"], round(stats["abs_q"], 4)
-        (1.0, 2.0, 1.2237)
+        >>> stats["selected_fraction"], round(stats["mean_abs_q"][0], 4)
+        ((1.0, 2.0), 1.2237)
     """
-    check_beta(beta)
+    outcome = params.outcome_advantages
+    if outcome is None:
+        outcome = [params.episode_advantages(group) for group in groups]
     stats = dict.fromkeys(("steps", "selected", "tokens", "abs_q", "residual", "finite", "abs_change"), 0.0)
     out = []
-    for group, group_advantages in zip(groups, advantages, strict=True):
+    for group, group_advantages in zip(groups, outcome, strict=True):
         group_out = []
         for trajectory, step_advantages in zip(group.trajectories, group_advantages, strict=True):
             row = []
             for step, value in zip(trajectory.steps, step_advantages, strict=True):
-                residual = step.signals.get(signal)
+                residual = step.signals.get(params.signal)
                 stats["steps"] += bool(step.action_ids)
                 if residual is None or not step.action_ids or not isinstance(value, (int, float)):
                     row.append(value)
                     continue
                 if len(residual) != len(step.action_ids):
                     raise ValueError(
-                        f"step.signals[{signal!r}] has {len(residual)} values for {len(step.action_ids)} action tokens"
+                        f"step.signals[{params.signal!r}] has {len(residual)} values for {len(step.action_ids)} "
+                        "action tokens"
                     )
                 e = torch.tensor([float(x) for x in residual], dtype=torch.float32)
                 q = residual_gate(e)
-                modulated = modulate_advantage(value, q, beta)
+                modulated = modulate_advantage(value, q, params.ocsd_beta)
                 finite = torch.isfinite(e)
                 stats["selected"] += 1
                 stats["tokens"] += len(residual)
@@ -190,7 +214,13 @@ def ocsd_advantages_with_stats(
                 row.append(modulated.tolist())
             group_out.append(row)
         out.append(group_out)
-    return out, stats
+    return out, {
+        "selected_fraction": (stats["selected"], stats["steps"]),
+        "mean_abs_q": (stats["abs_q"], stats["tokens"]),
+        "mean_residual": (stats["residual"], stats["finite"]),
+        "nonfinite_residual_fraction": (stats["tokens"] - stats["finite"], stats["tokens"]),
+        "mean_abs_advantage_change": (stats["abs_change"], stats["tokens"]),
+    }
 
 
 # ---- the replay views and the model signal ---------------------------------------------------------------------

@@ -154,6 +154,14 @@ class EnvPool:
         >>> pool.close()
     """
 
+    @classmethod
+    def from_config(cls, args: Any) -> EnvPool:
+        """The pool a training config asks for: its `env_kwargs`, `env_name`, `env_backend`, `env_workers`,
+        `env_step_timeout`, `env_reset_timeout` and `ray_address` (`AgentGRPOConfig`'s execution fields)."""
+        return cls(env_kwargs=args.env_kwargs, default_env=args.env_name, backend=args.env_backend,
+                   num_workers=args.env_workers, step_timeout=args.env_step_timeout,
+                   reset_timeout=args.env_reset_timeout, ray_address=args.ray_address)
+
     def __init__(
         self,
         env_kwargs: dict[str, Any] | None = None,

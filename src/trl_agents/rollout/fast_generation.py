@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from .generators import cut_at_eos, shaping_options
+from .decoding import cut_at_eos, shaping_options
 
 DECODE_ATTENTION = "trl_agents_sdpa"
 # How far a recorded step's logits may be from the eager step's, relative to the largest logit (2.5 bf16 rounding

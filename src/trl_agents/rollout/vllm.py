@@ -41,7 +41,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .generators import GenerationOutput, SamplingParams, cut_at_eos
+from .decoding import cut_at_eos
+from .generators import GenerationOutput, SamplingParams
 
 SUPPORTED_VLLM_VERSION = "0.31.0"
 

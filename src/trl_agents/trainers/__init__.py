@@ -3,6 +3,10 @@ trainer classes: see `trainers/registry.py`)."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
+from . import agent_grpo
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .bepo import BEPOConfig, BEPOTrainer
 from .bipace import BiPACEConfig, BiPACETrainer
@@ -10,10 +14,36 @@ from .cast import CASTConfig, CASTTrainer
 from .ecpo import ECPOConfig, ECPOTrainer
 from .gigpo import GiGPOConfig, GiGPOTrainer
 from .progpo import ProGPOConfig, ProGPOTrainer
-from .registry import Method, MethodInfo, discover_methods, lookup
+from .registry import Method, MethodInfo, lookup
 from .scpo import SCPOConfig, SCPOTrainer
 from .sspo import SSPOConfig, SSPOTrainer
 from .vict import VICTConfig, VICTTrainer
+
+
+def discover_methods() -> dict[str, Method]:
+    """Import every module of `trl_agents.trainers` and collect the `methods` each trainer class declares, in a
+    stable order (AgentGRPOTrainer's first, then by module name)."""
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        importlib.import_module(f"{__name__}.{module}")
+    classes, pending = [], [agent_grpo.AgentGRPOTrainer]
+    while pending:
+        cls = pending.pop(0)
+        if cls not in classes:
+            classes.append(cls)
+            pending.extend(cls.__subclasses__())
+    ours = [c for c in classes if c.__module__.startswith(f"{__name__}.") and "methods" in vars(c)]
+    ours.sort(key=lambda c: (c is not agent_grpo.AgentGRPOTrainer, c.__module__, c.__name__))
+    methods: dict[str, Method] = {}
+    for cls in ours:
+        for info in vars(cls)["methods"]:
+            if info.name in methods:
+                raise ValueError(
+                    f"method {info.name!r} is declared by both {methods[info.name].trainer_class.__name__} and "
+                    f"{cls.__name__}"
+                )
+            methods[info.name] = Method(info, cls)
+    return methods
+
 
 METHODS: dict[str, Method] = discover_methods()
 """Every registered method by name, read from the trainer classes' `methods` declarations (`trainers/registry.py`)."""

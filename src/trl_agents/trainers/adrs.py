@@ -34,12 +34,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..distill.adrs import ADRS_UNITS, ADRS_VARIANTS, NORMALIZE_MODES, adrs_advantages, adrs_eta_schedule
+from ..distill.adrs import ADRS_UNITS, ADRS_VARIANTS, NORMALIZE_MODES, adrs_eta_schedule
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
-
-ADRS_STATS = ("tva", "gate", "eta_eff", "teacher_term_abs_mean", "teacher_groups", "clip_fraction")
 
 
 @dataclass
@@ -188,7 +186,7 @@ class ADRSTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "adrs"]
     _name = "ADRS"
-    _config_class = ADRSConfig
+    config_class = ADRSConfig
     methods = (
         MethodInfo("adrs", "arXiv 2608.03223", "trl_agents.distill.adrs", title="ADRS",
                    hook="compute_advantages",
@@ -205,27 +203,14 @@ class ADRSTrainer(AgentGRPOTrainer):
         args = self.args
         step = self.state.global_step + 1  # the optimizer step these rollouts train (verl's 1-based global_steps)
         eta_eff = adrs_eta_schedule(step, args.adrs_eta, args.adrs_warmup_steps, args.adrs_active_steps)
-        advantages, stats = adrs_advantages(
-            groups,
-            eta=args.adrs_eta,
-            eta_eff=eta_eff,
-            variant=args.adrs_variant,
-            unit=args.resolved_adrs_unit,
-            normalize_mode=args.adrs_normalize_mode,
-            tau=args.adrs_tva_tau,
-            alpha_temperature=args.adrs_tva_temperature,
-            clip=args.adrs_clip,
-            adaptive=args.adrs_adaptive_clip,
-            invalid_penalty=args.invalid_action_penalty,
-            std_eps=args.adrs_std_eps,
+        advantages = self.estimate(
+            "adrs", groups, eta_eff=eta_eff, adrs_unit=args.resolved_adrs_unit,
             gather=self._gather_values if self.accelerator.num_processes > 1 else None,
         )
-        metrics = {f"adrs/{name}": stats[name] for name in ADRS_STATS}
         if args.adrs_entropy_coef_active is not None:
             if self.model.training:  # TRL reads self.entropy_coef in the loss of the steps these rollouts feed
                 self.entropy_coef = args.adrs_entropy_coef_active if eta_eff > 0 else self._base_entropy_coef
-            metrics["adrs/entropy_coef"] = (float(self.entropy_coef), 1.0)
-        self.log_global_means(metrics)
+            self.log_global_means({"adrs/entropy_coef": (float(self.entropy_coef), 1.0)})
         return advantages
 
     def _gather_values(self, values: list[float]) -> list[float]:

@@ -18,7 +18,8 @@ from trl import GRPOConfig
 from ..credit.base import check_choice
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
-from ..rollout.generators import GENERATION_BACKENDS, Generator, shaping_options
+from ..rollout.decoding import shaping_options
+from ..rollout.generators import GENERATION_BACKENDS, Generator
 from ..rollout.topologies import TOPOLOGIES
 from ..signals import DEFAULT_TEMPLATE, TEACHER_KINDS
 from ..signals.views import check_source, check_template
@@ -238,7 +239,7 @@ class AgentGRPOConfig(GRPOConfig):
     length_grouped_forwards: bool = field(
         default=True,
         metadata={"help": "Forward training rows (loss, old and reference log-probs) in groups of similar length, "
-        "each trimmed of the padding none of its rows needs (`rollout.rows.length_groups`): the same log-probs, "
+        "each trimmed of the padding none of its rows needs (`training.forward.length_groups`): the same log-probs, "
         "losses and gradients up to float noise, over fewer padded tokens (step rows of different turns differ in "
         "length). False = one forward per micro-batch, as TRL. Our choice; docs/concepts/training_loop.md."},
     )

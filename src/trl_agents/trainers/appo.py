@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.appo import appo_advantages, decay_gamma, future_kl_advantages
+from ..credit.appo import decay_gamma, future_kl_advantages
 from ..credit.base import check_choice
 from ..rollout.topologies import Topology
 from ..rollout.topologies.appo import TOKEN_BRANCH_SCORES, punctuation_filter
@@ -50,8 +50,6 @@ from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from ..training.batch import loss_mask
 from .registry import MethodInfo
 
-STAT_NAMES = ("init_rollouts", "branches", "branch_points", "init_success_rate", "branch_success_rate",
-              "mean_reward_scale", "prefix_tokens")
 FUTURE_KL_REFERENCES = ("old", "sampler")
 
 
@@ -201,7 +199,7 @@ class APPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "appo"]
     _name = "APPO"
-    _config_class = APPOConfig
+    config_class = APPOConfig
     supports_trees = True  # branches share their origin's steps; credit/appo.py gives them 0 on every step
     methods = (
         MethodInfo("appo", "arXiv 2606.12384", "trl_agents.credit.appo", title="APPO",
@@ -219,28 +217,19 @@ class APPOTrainer(AgentGRPOTrainer):
 
     def build_topology(self) -> Topology:
         topology = super().build_topology()
-        topology.skip_token = punctuation_filter(self._tokenizer)  # z-scores and split points skip punctuation
+        topology.skip_token = punctuation_filter(self.text_tokenizer)  # z-scores and split points skip punctuation
         return topology
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list]]:
-        args = self.args
         points = list(getattr(self.rollout_topology, "branch_points", []))
         branch_ids = [{t.episode_id for t in g.trajectories if t.parent_id is not None} for g in groups]
         landed = [p.score for p in points if p.task_index < len(groups) and p.episode_id in branch_ids[p.task_index]]
         # BS_max over the whole batch, every process (the released code scales with the batch's largest score)
         score_max = self.max_over_processes(max(landed, default=0.0))
-        advantages, stats = [], []
-        for index, group in enumerate(groups):
-            own = [p for p in points if p.task_index == index]
-            _check_branches(group, own)
-            group_advantages, group_stats = appo_advantages(
-                group, own, score_max=score_max, prefix_decay=args.appo_prefix_decay, eps=args.appo_std_eps,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            stats.append(group_stats)
-        self.log_mean_metrics("appo", stats, STAT_NAMES)
-        return advantages
+        own = [[p for p in points if p.task_index == index] for index in range(len(groups))]
+        for group, group_points in zip(groups, own, strict=True):
+            _check_branches(group, group_points)
+        return self.estimate("appo", groups, branch_points=own, score_max=score_max)
 
     def loss_advantages(self, inputs: dict[str, Any], per_token_logps: torch.Tensor) -> torch.Tensor | None:
         args = self.args

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..credit.base import check_choice
-from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS, bepo_batch_advantages
+from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -136,7 +136,7 @@ class BEPOTrainer(AgentGRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "bepo"]
     _name = "BEPO"
-    _config_class = BEPOConfig
+    config_class = BEPOConfig
     methods = (
         MethodInfo("bepo", "arXiv 2608.06861", "trl_agents.credit.bepo", title="Gated-BEPO",
                    inputs=("episode returns", "step rewards", "state keys (graph nodes)",
@@ -146,24 +146,4 @@ class BEPOTrainer(AgentGRPOTrainer):
     required_env_capabilities = ("state_key",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, stats = bepo_batch_advantages(
-            groups,
-            reduce=self.sum_over_processes,  # σ_B over the whole batch: every process credits on the same step
-            gamma=args.gamma,
-            lam=args.gae_lambda,
-            gate=args.bepo_gate,
-            mixing=args.bepo_mixing,
-            n0=args.mixing_n0,
-            bellman_norm=args.bellman_norm,
-            std_floor=args.bellman_std_floor,
-            episode_scale=args.scale_rewards,
-            episode_statistic=args.credit_statistic,
-            anchor=args.anchor,
-            similarity_threshold=args.similarity_threshold,
-            merge_invalid_actions=args.merge_invalid_actions,
-            invalid_penalty=args.invalid_action_penalty,
-        )
-        with_states = [s for s in stats if s["num_states"]]
-        self.log_mean_metrics("bepo", with_states, ("num_states", "gated_row_fraction", "bellman_std"))
-        return advantages
+        return self.estimate("bepo", groups)  # σ_B over the whole batch: every process credits on the same step

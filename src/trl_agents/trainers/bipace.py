@@ -36,7 +36,6 @@ from typing import ClassVar
 import torch
 
 from ..credit.base import check_choice
-from ..credit.bipace import bipace_advantages_with_stats
 from ..signals.model import HIDDEN_STATE_SOURCES, POOLINGS, decoder_layers
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -159,7 +158,7 @@ class BiPACETrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "bipace"]
     _name = "BiPACE"
-    _config_class = BiPACEConfig
+    config_class = BiPACEConfig
     methods = (
         MethodInfo("bipace", "arXiv 2606.25556", "trl_agents.credit.bipace", title="BiPACE",
                    inputs=("episode returns", "step rewards",
@@ -198,32 +197,7 @@ class BiPACETrainer(AgentGRPOTrainer):
     # ---- credit ----------------------------------------------------------------------------------------------------
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        hidden_states = self.step_hidden_states(groups)
-        advantages, with_clusters = [], []
-        for group, matrix in zip(groups, hidden_states, strict=True):
-            group_advantages, stats = bipace_advantages_with_stats(
-                group,
-                hidden_states=matrix,
-                epsilon=args.cluster_epsilon,
-                gamma=args.gamma,
-                omega=args.step_advantage_w,
-                estimator=args.pace_estimator,
-                action_key=args.action_key,
-                centroid=args.centroid,
-                episode_mode=args.episode_mode,
-                statistic=args.episode_statistic,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if stats["num_clusters"]:
-                with_clusters.append(
-                    {"mean_cluster_size": stats["mean_cluster_size"],
-                     "singleton_cluster_fraction": stats["singleton_fraction"],
-                     "mixed_action_cluster_fraction": stats["mixed_action_fraction"]}
-                )
-        self.log_mean_metrics("bipace", with_clusters, ("mean_cluster_size", "singleton_cluster_fraction",
-                                                        "mixed_action_cluster_fraction"))
+        advantages = self.estimate("bipace", groups, hidden_states=self.step_hidden_states(groups))
         stats = self.model_signal("hidden_states").stats  # this process's
         self.log_metric("bipace/rollout_hidden_state_fraction", stats.get("rollout_fraction", 1.0))
         self.log_metric("bipace/hidden_state_seconds", stats.get("seconds", 0.0))

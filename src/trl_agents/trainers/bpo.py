@@ -29,13 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..credit.base import check_choice
-from ..credit.bpo import bpo_advantages_with_stats
 from ..rollout.topologies import BRANCH_SCORES
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
-
-STAT_NAMES = ("num_sibling_sets", "mean_siblings", "zero_advantage_set_fraction", "mean_fork_step")
 
 
 @dataclass
@@ -102,7 +99,7 @@ class BPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "bpo"]
     _name = "BPO"
-    _config_class = BPOConfig
+    config_class = BPOConfig
     supports_trees = True  # credit/bpo.py charges a shared step once, to the path that owns it
     methods = (
         MethodInfo("bpo", "arXiv 2607.14171", "trl_agents.credit.bpo", title="BPO",
@@ -117,11 +114,6 @@ class BPOTrainer(AgentGRPOTrainer):
                 "score": args.bpo_branch_score, "seed": args.seed}
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages = self.advantages_with_stats(
-            "bpo", STAT_NAMES, groups, bpo_advantages_with_stats,
-            backbone_weight=args.bpo_backbone_weight,
-            invalid_penalty=args.invalid_action_penalty,
-        )
+        advantages = self.estimate("bpo", groups)
         self.log_rollout_cost_per_task("bpo", groups)
         return advantages

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..credit.canopy import canopy_advantages, group_size_for_coverage
+from ..rollout.topologies.adaptive import group_size_for_coverage
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -133,7 +133,7 @@ class CANOPYTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "canopy"]
     _name = "CANOPY"
-    _config_class = CANOPYConfig
+    config_class = CANOPYConfig
     methods = (
         MethodInfo("canopy", "arXiv 2609.01245", "trl_agents.credit.canopy", title="CANOPY",
                    hook="topology (adaptive groups) + compute_advantages",
@@ -146,7 +146,7 @@ class CANOPYTrainer(AgentGRPOTrainer):
         return {"max_group_size": group_cap(args), "round_size": args.canopy_round_size}
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        return [canopy_advantages(group, invalid_penalty=self.args.invalid_action_penalty) for group in groups]
+        return self.estimate("canopy", groups)
 
 
 def group_cap(args: Any) -> int:

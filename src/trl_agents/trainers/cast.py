@@ -26,20 +26,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS, Moments, cast_advantages_with_stats
+from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS
 from ..envs import get_env_class
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
-
-# The batch means of cast_advantages_with_stats and their denominators (to average them over all processes).
-STAT_DENOMINATORS = {
-    "solver_advantage_mean": "num_turns",
-    "nonzero_solver_fraction": "num_turns",
-    "dead_step_fraction": "num_valid_turns",
-    "fatal_step_fraction": "num_valid_turns",
-    "zero_variance_group_fraction": "num_groups",
-}
 
 
 @dataclass
@@ -111,7 +102,7 @@ class CASTTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "cast"]
     _name = "CAST"
-    _config_class = CASTConfig
+    config_class = CASTConfig
     methods = (
         MethodInfo("cast", "arXiv 2607.25308", "trl_agents.credit.cast", title="CAST",
                    inputs=("episode returns", "solver values N(s_t), N(s_t+1) of every step"),
@@ -120,22 +111,7 @@ class CASTTrainer(AgentGRPOTrainer):
     signals = ("solver_value",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, stats = cast_advantages_with_stats(
-            groups,
-            alpha=args.cast_alpha,
-            transform=args.cast_transform,
-            norm=args.cast_norm,
-            solver_rule=[self.solver_rule_of(group) for group in groups],
-            invalid_penalty=args.invalid_action_penalty,
-            eps=args.cast_eps,
-            reduce_moments=self._sum_over_processes,
-        )
-        self.log_metric("cast/rms", stats["rms"])  # already over the global batch
-        self.log_global_means(
-            {f"cast/{name}": (stats[name] * stats[count], stats[count]) for name, count in STAT_DENOMINATORS.items()}
-        )
-        return advantages
+        return self.estimate("cast", groups, solver_rule=[self.solver_rule_of(group) for group in groups])
 
     def solver_rule_of(self, group: Group) -> str:
         """The boundary rules for a group: the configured `solver_rule`, or with "auto" the environment's own
@@ -144,8 +120,3 @@ class CASTTrainer(AgentGRPOTrainer):
             return self.args.solver_rule
         env_name = group.task.get("env") or self.args.env_name
         return get_env_class(env_name).solver_semantics
-
-    def _sum_over_processes(self, moments: Moments) -> Moments:
-        """RMS_B over the global batch: sum (Σ g², count) over processes (docs/methods/cast.md, 'Our choices')."""
-        total = self.sum_over_processes(moments)
-        return total[0], total[1]

@@ -143,7 +143,7 @@ class DarkRoomTrainer(EnvRLTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "dark-room"]
     _name = "DarkRoom"
-    _config_class = DarkRoomConfig
+    config_class = DarkRoomConfig
     methods = (
         MethodInfo("dark_room", "arXiv 2607.21273", "trl_agents.distill.dark_room", title="Dark Room",
                    hook="compute_advantages + compute_auxiliary_loss",

@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..credit.dpepo import EPS, FORMULAS, dpepo_advantages_with_stats
+from ..credit.dpepo import FORMULAS
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
-
-STAT_NAMES = ("mean_weight", "no_action_fraction", "mean_envs_per_step", "amplified_fraction")
 
 
 @dataclass
@@ -138,7 +136,7 @@ class DPEPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "dpepo"]
     _name = "DPEPO"
-    _config_class = DPEPOConfig
+    config_class = DPEPOConfig
     methods = (
         MethodInfo("dpepo", "arXiv 2604.24320", "trl_agents.credit.dpepo", title="DPEPO",
                    hook="compute_advantages (+ the parallel environment)",
@@ -147,17 +145,4 @@ class DPEPOTrainer(AgentGRPOTrainer):
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        return self.advantages_with_stats(
-            "dpepo", STAT_NAMES, groups, dpepo_advantages_with_stats,
-            alpha=args.dpepo_depth_alpha,
-            gamma=args.dpepo_depth_gamma,
-            beta=args.dpepo_width_beta,
-            omega=args.dpepo_width_omega,
-            psi=args.dpepo_invalid_psi,
-            no_action_weight=args.dpepo_no_action_weight,
-            formula=args.dpepo_weight_formula,
-            diversity=args.dpepo_diversity_weight,
-            invalid_penalty=args.invalid_action_penalty,
-            eps=EPS,
-        )
+        return self.estimate("dpepo", groups)

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass, field
 
 from ..credit.base import check_choice
-from ..credit.ecpo import ecpo_advantages_with_stats
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -120,7 +119,7 @@ class ECPOTrainer(AgentGRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "ecpo"]
     _name = "ECPO"
-    _config_class = ECPOConfig
+    config_class = ECPOConfig
     methods = (
         MethodInfo("ecpo", "arXiv 2606.05885", "trl_agents.credit.ecpo", title="ECPO",
                    inputs=("episode returns", "step rewards", "state keys",
@@ -130,26 +129,4 @@ class ECPOTrainer(AgentGRPOTrainer):
     required_env_capabilities = ("state_key",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, stats_with_anchors = [], []
-        for group in groups:
-            group_advantages, stats = ecpo_advantages_with_stats(
-                group,
-                gamma=args.gamma,
-                omega=args.step_advantage_w,
-                kappa=args.shrinkage_kappa,
-                tau=args.variance_gate_tau,
-                mode=args.ecpo_mode,
-                episode_scale=args.scale_rewards,
-                episode_statistic=args.credit_statistic,
-                anchor=args.anchor,
-                similarity_threshold=args.similarity_threshold,
-                merge_invalid_actions=args.merge_invalid_actions,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if stats["num_anchor_groups"]:
-                stats_with_anchors.append(stats)
-        names = ("mean_anchor_group_size", "singleton_fraction", "mean_actions_per_anchor", "mean_gate")
-        self.log_mean_metrics("ecpo", stats_with_anchors, names)
-        return advantages
+        return self.estimate("ecpo", groups)

@@ -219,7 +219,7 @@ class EnvRLTrainer(GiGPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "envrl"]
     _name = "EnvRL"
-    _config_class = EnvRLConfig
+    config_class = EnvRLConfig
     methods = (
         MethodInfo("envrl", "arXiv 2606.17680", "trl_agents.distill.envrl", title="EnvRL",
                    hook="compute_advantages + compute_auxiliary_loss",
@@ -313,7 +313,7 @@ class EnvRLTrainer(GiGPOTrainer):
         # DeepSpeed ZeRO-3 need the same calls on every rank): one without examples forwards a 1-token stand-in ×0.
         stand_in = not (sp or id_) and (sp_coef > 0 or id_coef > 0) and self.accelerator.num_processes > 1
         if sp or id_ or stand_in:
-            pad = self._tokenizer.pad_token_id or 0
+            pad = self.text_tokenizer.pad_token_id or 0
             examples = [*sp, *id_] or [Example([pad], [pad], "none")]
             packed = {k: v.to(self.accelerator.device) for k, v in pack_examples(examples, pad).items()}
             nll = example_nll(model, packed)  # (E, T), 0 on padding

@@ -158,7 +158,7 @@ class EPPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "eppo"]
     _name = "EPPO"
-    _config_class = EPPOConfig
+    config_class = EPPOConfig
     methods = (
         MethodInfo("eppo", "arXiv 2607.07178", "trl_agents.credit.eppo", title="EPPO",
                    hook="clip_bounds (per-task ε) + compute_auxiliary_loss (entropy sums, no loss)",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..credit import gigpo_advantages_with_stats
 from ..credit.base import check_choice
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -87,7 +86,7 @@ class GiGPOTrainer(AgentGRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "gigpo"]
     _name = "GiGPO"
-    _config_class = GiGPOConfig
+    config_class = GiGPOConfig
     methods = (
         MethodInfo("gigpo", "arXiv 2505.10978", "trl_agents.credit.gigpo", title="GiGPO",
                    inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
@@ -95,24 +94,4 @@ class GiGPOTrainer(AgentGRPOTrainer):
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, with_anchors = [], []
-        for group in groups:
-            group_advantages, stats = gigpo_advantages_with_stats(
-                group,
-                gamma=args.gamma,
-                omega=args.step_advantage_w,
-                mode=args.gigpo_mode,
-                statistic=args.episode_statistic,
-                anchor=args.anchor,
-                similarity_threshold=args.similarity_threshold,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if stats["num_anchor_groups"]:
-                with_anchors.append(
-                    {"mean_anchor_group_size": stats["mean_anchor_group_size"],
-                     "singleton_anchor_fraction": stats["singleton_fraction"]}
-                )
-        self.log_mean_metrics("gigpo", with_anchors, ("mean_anchor_group_size", "singleton_anchor_fraction"))
-        return advantages
+        return self.estimate("gigpo", groups)

@@ -1,6 +1,8 @@
 """GRSD: Group-Reflective Self-Distillation on GRPO (arXiv 2607.28076; docs/methods/grsd.md).
 
-What changes w.r.t. `AgentGRPOTrainer`, after each training rollout (math in `trl_agents/distill/grsd.py`):
+What changes w.r.t. `AgentGRPOTrainer`, after each training rollout (math in `trl_agents/distill/grsd.py`; the
+reflection, judge and guidance pipeline and our prompts in `trl_agents/training/grsd_phase.py`, the signal phase
+`compute_signals` runs):
 
 1. Stage A, reflections (`compute_signals`): the policy writes a short reflection on every healthy episode (its
    task, its outcome SUCCEEDED/FAILED, its turns with observations cut to `grsd_obs_chars` characters, at most
@@ -34,8 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,33 +45,31 @@ import torch
 
 from ..credit.base import check_choice
 from ..distill.grsd import (
-    group_has_mix,
     modulated_advantages,
-    reflection_advantages,
     reflection_token_terms,
     turn_logprob_gap,
     turn_modulation,
     warmdown_lambda,
 )
-from ..judges import EndpointJudge, GeneratorJudge, LocalJudge, Messages, as_judge
-from ..rollout.generators import SamplingParams
-from ..signals.model import assign, score_units, scoring_units
-from ..trajectory import Group, Trajectory
+from ..judges import EndpointJudge, GeneratorJudge, LocalJudge, as_judge
+from ..trajectory import Group
 from ..training.forward import no_gradient_checkpointing, sequence_logps
+from ..training.grsd_phase import (
+    GUIDANCE,
+    SCORE_HIGH,
+    SCORE_LOW,
+    STUDENT,
+    GRSDPhase,
+    guidance_source,
+    reflection_share,
+    score_students,
+)
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
 
 JUDGES = ("policy", "endpoint", "local")
 JUDGE_APIS = ("chat", "completions")
 STUDENT_SOURCES = ("rescore", "behaviour")
-SCORE_LOW, SCORE_HIGH = 0, 3
-# Keys of `step.signals` GRSD writes (JSON-able, so they land in the trajectory records): the guidance of a mixed
-# group (on the first step of each of its episodes), each episode's reflection and judge score (on its last step),
-# and the student's log-probs of the turns of mixed groups.
-GUIDANCE = "grsd_guidance"
-REFLECTION = "grsd_reflection"
-JUDGE_SCORE = "grsd_judge_score"
-STUDENT = "grsd_student_logprobs"
 TEACHER = "teacher_logprobs"
 # The reference code's teacher prompt: the guidance, under this heading, before the student's own user message.
 GRSD_TEMPLATE = "[Privileged Skill Information]\n{context}\n\n{prompt}"
@@ -223,11 +223,6 @@ class GRSDConfig(AgentGRPOConfig):
                              "(one pass, ratio 1); set num_iterations=1 or grsd_reflect_coef=0")
 
 
-def guidance_source(trajectory: Trajectory, index: int) -> str:
-    """The privileged text of the teacher's view: the guidance of the episode's group (on its first step)."""
-    return str(trajectory.steps[0].signals.get(GUIDANCE, "")) if trajectory.steps else ""
-
-
 class GRSDTrainer(AgentGRPOTrainer):
     """GRSD on `AgentGRPOTrainer` (see the module docstring): `compute_signals` (reflections, judge, guidance,
     teacher and student scores), `compute_advantages` (the modulation) and `compute_auxiliary_loss` (the reflection
@@ -246,7 +241,7 @@ class GRSDTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "grsd"]
     _name = "GRSD"
-    _config_class = GRSDConfig
+    config_class = GRSDConfig
     methods = (
         MethodInfo("grsd", "arXiv 2607.28076", "trl_agents.distill.grsd", title="GRSD",
                    hook="compute_advantages + compute_auxiliary_loss",
@@ -257,15 +252,15 @@ class GRSDTrainer(AgentGRPOTrainer):
     signals = (TEACHER,)
     training_signals = ()
 
-    def __init__(self, *positional, judge=None, **keywords):
+    def __init__(self, model, args: GRSDConfig | None = None, *rest, judge=None, **keywords):
         if judge is not None and not callable(judge):
             raise TypeError(f"judge must be callable (prompts -> scores), got {type(judge).__name__}")
-        args = keywords.get("args", positional[1] if len(positional) > 1 else None)
         # An external judge is set up (probed, loaded) before the model: a bad URL stops the run right here.
         external = None
         if judge is None and isinstance(args, GRSDConfig) and args.grsd_judge != "policy":
             external = build_judge(args)
-        super().__init__(*positional, **keywords)
+        super().__init__(model, args, *rest, **keywords)
+        self.grsd_phase = GRSDPhase(self.args, self.renderer, self.text_tokenizer, self.generator, self.sampling_params)
         if judge is not None:
             self.judge = as_judge(judge, SCORE_LOW, SCORE_HIGH)
         elif external is not None:
@@ -273,7 +268,7 @@ class GRSDTrainer(AgentGRPOTrainer):
         elif self.args.grsd_judge != "policy":
             self.judge = build_judge(self.args)
         else:
-            self.judge = GeneratorJudge(self._policy_answers, low=SCORE_LOW, high=SCORE_HIGH)
+            self.judge = GeneratorJudge(self.grsd_phase.policy_answers, low=SCORE_LOW, high=SCORE_HIGH)
         if isinstance(self.judge, LocalJudge):  # loaded on the CPU: judge next to the policy
             self.judge.model = self.judge.model.to(self.accelerator.device)
         self._reflection_batch: list[tuple[list[int], list[int], float]] = []
@@ -287,112 +282,19 @@ class GRSDTrainer(AgentGRPOTrainer):
     # ---- after the rollout: reflections, judge, guidance, teacher and student scores --------------------------------
 
     def compute_signals(self, groups: list[Group]) -> None:
+        """GRSD's signal phase (`training.grsd_phase.GRSDPhase.run`) in training; evaluation is plain GRPO, nothing
+        generated."""
         self._reflection_batch = []
         self._reflection_tokens = 0.0
-        if not self.model.training:  # evaluation: plain GRPO, nothing generated
+        if not self.model.training:
             return
-        args = self.args
-        episodes = [(g, t) for g, group in enumerate(groups) for t in group.trajectories if t.steps]
-
-        start = time.perf_counter()  # Stage A: one batched generation for every episode
-        prompts, shown = [], []
-        for _, trajectory in episodes:
-            ids, turns = self._reflection_prompt(trajectory)
-            prompts.append(ids)
-            shown.append(turns)
-        out = self.generator.generate(prompts, self._sampling(args.grsd_reflection_max_tokens, greedy=False))
-        texts = [self._tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in out.completion_ids]
-        reflection_seconds = time.perf_counter() - start
-
-        start = time.perf_counter()  # the judge: empty reflections score 0 without a call (as the reference)
-        asked = [i for i, text in enumerate(texts) if text]
-        answers = self.judge([judge_messages(episodes[i][1], texts[i], args, shown[i]) for i in asked])
-        if len(answers) != len(asked):
-            raise ValueError(f"the judge returned {len(answers)} scores for {len(asked)} reflections")
-        scores: list[float | None] = [0.0] * len(texts)
-        for i, score in zip(asked, answers, strict=True):
-            scores[i] = score
-        judge_seconds = time.perf_counter() - start
-        invalid = sum(s is None for s in scores)
-
-        by_group: dict[int, list[int]] = {}
-        for index, (g, trajectory) in enumerate(episodes):
-            by_group.setdefault(g, []).append(index)
-            trajectory.steps[-1].signals[REFLECTION] = texts[index]
-            trajectory.steps[-1].signals[JUDGE_SCORE] = scores[index]
-        for members in by_group.values():
-            for index, advantage in zip(members, reflection_advantages([scores[i] for i in members]), strict=True):
-                if out.completion_ids[index]:
-                    self._reflection_batch.append((prompts[index], list(out.completion_ids[index]), advantage))
-
-        start = time.perf_counter()  # Stage B: one batched (greedy) generation for the mixed groups
-        mixed = [g for g, group in enumerate(groups) if group_has_mix([t.success for t in group.trajectories])]
-        guidance_prompts = [
-            self.renderer.messages_ids(
-                guidance_messages(groups[g], [(episodes[i][1], texts[i]) for i in by_group.get(g, [])])
-            )
-            for g in mixed
-        ]
-        guidance = self.generator.generate(guidance_prompts, self._sampling(args.grsd_guidance_max_tokens, greedy=True))
-        with_guidance = []
-        for g, ids in zip(mixed, guidance.completion_ids, strict=True):
-            text = self._tokenizer.decode(ids, skip_special_tokens=True).strip()
-            if text:  # an empty guidance gives the teacher nothing: the group stays plain GRPO (our choice)
-                for trajectory in groups[g].trajectories:
-                    if trajectory.steps:
-                        trajectory.steps[0].signals[GUIDANCE] = text
-                with_guidance.append(groups[g])
-        guidance_seconds = time.perf_counter() - start
-
-        super().compute_signals(with_guidance)  # teacher log-probs under the guidance, on the mixed groups only
-        if args.grsd_student_logprobs == "rescore":
-            self._score_students(with_guidance)
-
-        # the loss divides by the reflection tokens of every process
-        [tokens] = self.sum_over_processes([sum(len(ids) for _, ids, _ in self._reflection_batch)])
-        self._reflection_tokens = tokens
-        valid = [s for s in scores if s is not None]
-        self.log_global_totals({"grsd/invalid_judgements": invalid, "grsd/mixed_groups": len(with_guidance)})
-        self.log_global_means({
-            "grsd/mean_judge_score": (sum(valid), len(valid)),
-            "grsd/reflection_tokens": (tokens, 1),
-            "grsd/reflection_seconds": (reflection_seconds, 1),
-            "grsd/judge_seconds": (judge_seconds, 1),
-            "grsd/guidance_seconds": (guidance_seconds, 1),
-        })
-
-    def _reflection_prompt(self, trajectory: Trajectory) -> tuple[list[int], int]:
-        """The reflection prompt's ids and the turns it shows: at most `grsd_max_history_turns`, fewer (the first
-        ones) when the prompt would be longer than `grsd_reflection_max_prompt_tokens`."""
-        limit, turns = self.args.grsd_reflection_max_prompt_tokens, self.args.grsd_max_history_turns
-        while True:
-            ids = self.renderer.messages_ids(reflection_messages(trajectory, self.args, turns))
-            if limit is None or len(ids) <= limit or turns <= 1:
-                return ids, turns
-            turns = max(1, min(turns - 1, turns * limit // len(ids)))
-
-    @torch.no_grad()
-    def _score_students(self, groups: list[Group]) -> None:
-        """ℓ_stu's tokens: the policy's log-probs of each turn of `groups` under its own prompt."""
-        context = self.signal_context
-        units = scoring_units(groups, context.row_format)
-        with no_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), context.model_context() as model:
-            scored = score_units(model, units, pad_token_id=context.pad_token_id, temperature=context.temperature,
-                                 max_rows=context.max_rows_per_forward, max_tokens=context.max_tokens_per_forward)
-        assign(units, [logps for logps, _ in scored], STUDENT)
-
-    def _sampling(self, max_new_tokens: int, greedy: bool) -> SamplingParams:
-        sampling = self._sampling_params()
-        sampling.max_new_tokens = max_new_tokens
-        sampling.greedy = greedy
-        return sampling
-
-    def _policy_answers(self, prompts: list[Messages]) -> list[str]:
-        """The policy judge: one greedy batched generation of at most `grsd_judge_max_tokens` tokens (called on
-        every process, also with no prompt, as a collective generator needs)."""
-        ids = [self.renderer.messages_ids(messages) for messages in prompts]
-        out = self.generator.generate(ids, self._sampling(self.args.grsd_judge_max_tokens, greedy=True))
-        return [self._tokenizer.decode(c, skip_special_tokens=True) for c in out.completion_ids]
+        students = functools.partial(score_students, context=self.signal_context, no_grad_forwards=functools.partial(
+            no_gradient_checkpointing, self.model, self.args.gradient_checkpointing_kwargs))
+        result = self.grsd_phase.run(groups, self.judge, score_teacher=super().compute_signals,
+                                     score_students=students, sum_over_processes=self.sum_over_processes)
+        self._reflection_batch, self._reflection_tokens = result.reflections.batch, result.reflections.tokens
+        self.log_global_totals(result.totals)
+        self.log_global_means(result.means)
 
     # ---- credit: GRPO, modulated on mixed groups --------------------------------------------------------------------
 
@@ -438,7 +340,8 @@ class GRSDTrainer(AgentGRPOTrainer):
         if self.loss_chunk[0] != 0:  # a micro-batch split by max_tokens_per_forward: its share goes with chunk 0
             return None
         chunks = args.steps_per_generation
-        share = reflection_share(self._reflection_batch, self._step % chunks, chunks)
+        # GRSD needs num_iterations == 1, so generations come every `chunks` micro-batches.
+        share = reflection_share(self._reflection_batch, self.micro_batch_index, chunks)
         multi = self.accelerator.num_processes > 1
         if not share and not multi:
             self.log_global_means({"grsd/reflect_loss": (0.0, 0)})
@@ -447,7 +350,7 @@ class GRSDTrainer(AgentGRPOTrainer):
         # sharded models (FSDP, ZeRO-3) see the same collectives on every process.
         rows = share or [(self._reflection_batch[0][0] if self._reflection_batch else [0], [0], 0.0)]
         logps, mask = sequence_logps(model, [p for p, _, _ in rows], [c for _, c, _ in rows],
-                                     self._tokenizer.pad_token_id or 0, self.temperature)
+                                     self.text_tokenizer.pad_token_id or 0, self.temperature)
         advantages = torch.tensor([a for _, _, a in rows], device=logps.device, dtype=logps.dtype)
         if not share:
             mask = torch.zeros_like(mask)
@@ -458,18 +361,6 @@ class GRSDTrainer(AgentGRPOTrainer):
         # compute_auxiliary_loss's convention (before the division by the accumulation steps), as batch_token_mean
         normalizer = self._reflection_tokens / self.accelerator.num_processes / chunks
         return args.grsd_reflect_coef * kept.sum() / normalizer
-
-
-def reflection_share(batch: list, index: int, chunks: int) -> list:
-    """The reflections micro-batch `index` of `chunks` trains: contiguous, as even as possible (the first
-    len % chunks shares one longer).
-
-    >>> [reflection_share(list(range(5)), k, 2) for k in range(2)]
-    [[0, 1, 2], [3, 4]]
-    """
-    size, extra = divmod(len(batch), chunks)
-    start = index * size + min(index, extra)
-    return batch[start : start + size + (index < extra)]
 
 
 def build_judge(args: GRSDConfig):
@@ -486,106 +377,3 @@ def build_judge(args: GRSDConfig):
     raise ValueError(f"grsd_judge={args.grsd_judge!r} has no external judge to build")
 
 
-# ---- our prompts ----------------------------------------------------------------------------------------------------
-
-
-def _cut(text: str | None, limit: int) -> str:
-    text = "" if text is None else str(text)
-    return text if len(text) <= limit else text[:limit] + " [...]"
-
-
-def task_text(trajectory: Trajectory) -> str:
-    """The task as the prompts state it: the environment's task text, else the system message and the first
-    observation stand for it."""
-    if trajectory.task_text.strip():
-        return trajectory.task_text.strip()
-    parts = trajectory.steps[0].prompt_parts if trajectory.steps else None
-    system = parts.system.strip() if parts is not None else ""
-    return system or "(stated in the first observation)"
-
-
-def episode_history(trajectory: Trajectory, obs_chars: int = 400, action_chars: int = 600, max_turns: int = 50) -> str:
-    """The episode turn by turn (at most `max_turns` turns): each observation cut to `obs_chars` characters, each
-    action to `action_chars`, and the observation that followed the last shown action.
-
-    >>> from trl_agents.trajectory import Step, Trajectory
-    >>> steps = [Step("S . G", "right", next_observation=". S G"), Step(". S G", "right", next_observation="done")]
-    >>> print(episode_history(Trajectory(task={}, steps=steps), obs_chars=3))
-    Turn 1 observation: S . [...]
-    Turn 1 action: right
-    Turn 2 observation: . S [...]
-    Turn 2 action: right
-    Final observation: don [...]
-    """
-    steps = trajectory.steps[:max_turns]
-    lines = []
-    for number, step in enumerate(steps, start=1):
-        lines.append(f"Turn {number} observation: {_cut(step.observation, obs_chars)}")
-        lines.append(f"Turn {number} action: {_cut(step.action_text.strip(), action_chars)}")
-    if steps and steps[-1].next_observation:
-        lines.append(f"Final observation: {_cut(steps[-1].next_observation, obs_chars)}")
-    if len(trajectory.steps) > max_turns:
-        lines.append(f"({len(trajectory.steps) - max_turns} later turns not shown)")
-    return "\n".join(lines)
-
-
-def _outcome(trajectory: Trajectory) -> str:
-    return "SUCCEEDED" if trajectory.success else "FAILED"
-
-
-REFLECTION_SYSTEM = ("You study one episode of an agent acting in an environment and state, briefly, what it teaches "
-                     "about solving the task.")
-REFLECTION_INSTRUCTIONS = (
-    "Write exactly 3 numbered points, one sentence each, about the actions above. If the episode SUCCEEDED, name the "
-    "decisions that made it succeed. If it FAILED, name what went wrong and what the agent should have done instead. "
-    "Output only the 3 points."
-)
-JUDGE_SYSTEM = "You grade reflections on agent episodes. You answer with a single digit."
-JUDGE_RUBRIC = (
-    "Grade the reflection from 0 to 3:\n"
-    "3 = correct about what decided the outcome, specific to these actions, and useful for the next attempt;\n"
-    "2 = mostly correct and specific, with a gap or a vague point;\n"
-    "1 = generic, vague, or partly wrong;\n"
-    "0 = wrong, off-topic, empty, or at odds with the outcome.\n"
-    "Answer with the digit only."
-)
-GUIDANCE_SYSTEM = ("You turn reflections on several attempts at the same task into short guidance for the next "
-                   "attempt.")
-GUIDANCE_INSTRUCTIONS = (
-    "Write guidance for a new attempt at this task in exactly two parts and nothing else:\n"
-    "What to do:\n- 3 to 5 short bullets taken from the successful attempts\n"
-    "Mistakes to avoid:\n- 3 to 5 short bullets taken from the failed attempts"
-)
-
-
-def reflection_messages(trajectory: Trajectory, args: Any, max_turns: int | None = None) -> Messages:
-    """Stage A's chat for one episode (our prompt): task, outcome, turn-by-turn history (at most `max_turns` turns,
-    default `grsd_max_history_turns`), instructions."""
-    turns = args.grsd_max_history_turns if max_turns is None else max_turns
-    history = episode_history(trajectory, args.grsd_obs_chars, args.grsd_action_chars, turns)
-    user = (f"Task:\n{task_text(trajectory)}\n\nOutcome: this episode {_outcome(trajectory)}.\n\n"
-            f"Episode, turn by turn:\n{history}\n\n{REFLECTION_INSTRUCTIONS}")
-    return [{"role": "system", "content": REFLECTION_SYSTEM}, {"role": "user", "content": user}]
-
-
-def judge_messages(trajectory: Trajectory, reflection: str, args: Any, max_turns: int | None = None) -> Messages:
-    """The judge's chat for one reflection (our rubric): the episode as the reflection saw it, the reflection."""
-    turns = args.grsd_max_history_turns if max_turns is None else max_turns
-    history = episode_history(trajectory, args.grsd_obs_chars, args.grsd_action_chars, turns)
-    user = (f"Task:\n{task_text(trajectory)}\n\nOutcome: this episode {_outcome(trajectory)}.\n\n"
-            f"Episode, turn by turn:\n{history}\n\nReflection to grade:\n{reflection}\n\n{JUDGE_RUBRIC}")
-    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
-
-
-def guidance_messages(group: Group, reflections: list[tuple[Trajectory, str]]) -> Messages:
-    """Stage B's chat for one mixed group (our prompt): the reflections of its successes and of its failures."""
-
-    def block(items: list[str]) -> str:
-        return "\n\n".join(f"[Attempt {k}]\n{text}" for k, text in enumerate(items, start=1)) or "(none)"
-
-    good = [text for trajectory, text in reflections if trajectory.success and text]
-    bad = [text for trajectory, text in reflections if not trajectory.success and text]
-    task = task_text(group.trajectories[0]) if group.trajectories else ""
-    user = (f"Task:\n{task}\n\nReflections on attempts that succeeded:\n{block(good)}\n\n"
-            f"Reflections on attempts that failed:\n{block(bad)}\n\n{GUIDANCE_INSTRUCTIONS}")
-    return [{"role": "system", "content": GUIDANCE_SYSTEM}, {"role": "user", "content": user}]

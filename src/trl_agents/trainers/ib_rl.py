@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..credit.base import check_choice
-from ..credit.ib_rl import SCALES, ib_rl_advantages_with_stats, step_role
+from ..credit.ib_rl import SCALES, step_role
 from ..envs import get_env_class
 from ..rollout.generators import GenerationOutput
 from ..training.batch import token_signal_key
@@ -51,7 +51,6 @@ from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
 
 ACTING_ROLE = "acting_role"  # the per-token signal: index of the role that wrote each action token
-STAT_KEYS = ("reward_mean", "advantage_std", "zero_std", "turns")
 LOSS_TYPES = ("dapo", "cispo")  # losses normalised by a count over the whole generation batch: additive over rows
 
 
@@ -348,7 +347,7 @@ class IBRLTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "ib-rl"]
     _name = "IBRL"
-    _config_class = IBRLConfig
+    config_class = IBRLConfig
     required_env_capabilities = ("roles",)
     signals = (ACTING_ROLE,)
     training_signals = (ACTING_ROLE,)
@@ -363,8 +362,7 @@ class IBRLTrainer(AgentGRPOTrainer):
                  processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None, generator=None,
                  env_pool=None):
         if args is None:
-            model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
-            args = IBRLConfig(f"{str(model_name).split('/')[-1]}-{self._name}")
+            args = self.default_args(model)
         if isinstance(args, IBRLConfig):
             args.ib_rl_roles = list(_resolve_roles(args, train_dataset))
         if peft_config is not None:
@@ -419,11 +417,7 @@ class IBRLTrainer(AgentGRPOTrainer):
     # ---- credit --------------------------------------------------------------------------------------------------
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        return self.advantages_with_stats(
-            "ib_rl", [f"{r}/{k}" for r in self.roles for k in STAT_KEYS], groups, ib_rl_advantages_with_stats,
-            roles=self.roles, scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty,
-        )
+        return self.estimate("ib_rl", groups)
 
     # ---- loss: each role's rows through its own adapter ----------------------------------------------------------
 
@@ -485,14 +479,13 @@ class IBRLTrainer(AgentGRPOTrainer):
 
             args = self.args
             optimizer = optimizer if optimizer is not None else self.optimizer
-            self.lr_scheduler = RoleScheduler({
+            self.install_lr_scheduler(RoleScheduler({
                 role: get_scheduler(args.lr_scheduler_type, optimizer=role_optimizer,
                                     num_warmup_steps=args.get_warmup_steps(num_training_steps),
                                     num_training_steps=num_training_steps,
                                     scheduler_specific_kwargs=args.lr_scheduler_kwargs)
                 for role, role_optimizer in optimizer.optimizers.items()
-            })
-            self._created_lr_scheduler = True
+            }))
         return self.lr_scheduler
 
     def _log_optimizer_step(self, norms: dict[str, float]) -> None:

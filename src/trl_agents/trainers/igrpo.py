@@ -11,7 +11,8 @@ The changes w.r.t. `AgentGRPOTrainer`:
   expansion round over all new nodes; the gold answer comes from `env.privileged_context()` (its "Answer:" line, on
   Search-QA) or a task field;
 * `compute_advantages`: the teacher-weighted leaf advantage A_ℓ = L·w_ℓ·(R_ℓ − Σ w R)/(σ_w + ε), w_ℓ =
-  softmax(Σ_{n∈path} I(n)/T_I) (math in `trl_agents/credit/igrpo.py`); equal gains give exactly GRPO.
+  softmax(Σ_{n∈path} I(n)/T_I) (math in `trl_agents/credit/igrpo.py`; the nodes, their gains and the selection in
+  `trl_agents/rollout/topologies/igrpo.py`); equal gains give exactly GRPO.
 
 Example:
     ```python
@@ -31,15 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..credit.grpo import grpo_advantages
-from ..credit.igrpo import (
-    GOLD_LIKELIHOOD,
-    STAT_NAMES,
-    gold_likelihood,
-    igrpo_advantages_with_stats,
-    is_node_step,
-    node_indices,
-)
+from ..rollout.topologies.igrpo import GOLD_LIKELIHOOD, gold_likelihood, is_node_step, node_indices
 from ..signals import ModelSignal, register_signal
 from ..signals.model import ScoringUnit, score_units
 from ..trajectory import Group, Trajectory, first_occurrences
@@ -87,7 +80,7 @@ def check_answer_template(template: str) -> None:
 
 
 class GoldLikelihood(ModelSignal):
-    """p(a* | h) = exp(mean log π_θ(a*_k | h, a*_<k)) on IGRPO's node steps (`credit.igrpo.node_indices`): the root
+    """p(a* | h) = exp(mean log π_θ(a*_k | h, a*_<k)) on IGRPO's node steps (`topologies.igrpo.node_indices`): the root
     and every step whose previous step was a tool call the episode went on after; h is the step's recorded prompt,
     a* the action `template.format(answer=gold)`. Steps that already carry a value are skipped (the topology scores
     new nodes round by round); equal (prompt, answer) pairs are forwarded once. `stats` holds the last compute's
@@ -257,7 +250,7 @@ class IGRPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "igrpo"]
     _name = "IGRPO"
-    _config_class = IGRPOConfig
+    config_class = IGRPOConfig
     supports_trees = True  # one value per leaf on its whole path; shared steps get the sum (docs/methods/igrpo.md)
     methods = (
         MethodInfo("igrpo", "arXiv 2607.06223", "trl_agents.credit.igrpo", title="IGRPO",
@@ -286,13 +279,8 @@ class IGRPOTrainer(AgentGRPOTrainer):
                 "expansions_per_round": args.igrpo_expansions_per_round, "seed": args.seed}
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
         if not self.model.training:
             # Evaluation rollouts run the independent topology (no tree, no node likelihoods): equal gains, i.e.
             # GRPO on the episodes, which is what IGRPO gives with uniform weights.
-            return [grpo_advantages(group, scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty)
-                    for group in groups]
-        return self.advantages_with_stats(
-            "igrpo", STAT_NAMES, groups, igrpo_advantages_with_stats, temperature=args.igrpo_temperature,
-            scale=args.scale_rewards, invalid_penalty=args.invalid_action_penalty,
-        )
+            return self.estimate("grpo", groups, credit_statistic="trajectories")
+        return self.estimate("igrpo", groups)

@@ -4,12 +4,14 @@ LLMZero is a controller around training, not a change to the loss: it trains in 
 metrics into named pathologies, proposes coordinated multi-parameter transitions (capacity parameters never
 decrease along a path, regularisation parameters move either way), trains each child from its parent's checkpoint
 and picks the next node by UCB or best-first under a budget of stages. The math (diagnosis, proposals, constraint,
-tree, UCB) is in `trl_agents/credit/llmzero.py`, the outer loop in `trl_agents/search.py`.
+tree, UCB) and its settings are in `trl_agents/strategy.py`, the outer loop in `trl_agents/search.py`.
 
 `LLMZeroConfig` is an `AgentGRPOConfig` with the controller's fields (`SearchArguments`). With `method: llmzero`,
-`trl-agents train` runs the search, each stage trained by `LLMZeroTrainer`, which is `AgentGRPOTrainer` unchanged
-(GRPO); `trl-agents search --config CONFIG` runs the same search around any other method's config. An
-`LLMZeroTrainer` built by hand trains one stage (plain GRPO); the search is `trl_agents.search.run_search`.
+`trl-agents train` runs the search (the trainer names its outer loop, `outer_loop = "search"`, and the CLI resolves
+the name: this file needs nothing from the loop), each stage trained by `LLMZeroTrainer`, which is
+`AgentGRPOTrainer` unchanged (GRPO); `trl-agents search --config CONFIG` runs the same search around any other
+method's config. An `LLMZeroTrainer` built by hand trains one stage (plain GRPO); the search is
+`trl_agents.search.run_search`.
 
 Example:
     ```python
@@ -27,9 +29,9 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ..search import SearchArguments, run_search
+from ..strategy import SearchArguments
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
 
@@ -38,7 +40,7 @@ from .registry import MethodInfo
 class LLMZeroConfig(AgentGRPOConfig, SearchArguments):
     r"""
     Configuration of the LLMZero search: every [`AgentGRPOConfig`] field (the strategy of the root stage) plus the
-    controller's (`trl_agents.search.SearchArguments`).
+    controller's (`trl_agents.strategy.SearchArguments`).
 
     Args:
         stage_steps (`int`, *optional*, defaults to `50`): S, RL steps per stage.
@@ -60,21 +62,20 @@ class LLMZeroConfig(AgentGRPOConfig, SearchArguments):
 
 
 class LLMZeroTrainer(AgentGRPOTrainer):
-    """One stage of the LLMZero search: `AgentGRPOTrainer` unchanged (GRPO). The search itself is `run_search`
-    (`trl-agents train --method llmzero`, `trl-agents search`)."""
+    """One stage of the LLMZero search: `AgentGRPOTrainer` unchanged (GRPO). The search itself is the outer loop
+    named by `outer_loop`, `trl_agents.search.run_search` (`trl-agents train --method llmzero`, `trl-agents search`).
+    Its math is that of each stage, GRPO's (`credit/grpo.py`); the controller's is `trl_agents/strategy.py`."""
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "llmzero"]
     _name = "LLMZero"
-    _config_class = LLMZeroConfig
+    config_class = LLMZeroConfig
     methods = (
-        MethodInfo("llmzero", "arXiv 2606.18388", "trl_agents.credit.llmzero", title="LLMZero",
+        MethodInfo("llmzero", "arXiv 2606.18388", "trl_agents.credit.grpo", title="LLMZero",
                    hook="controller (outer loop)",
                    inputs=("stage metrics (reward, entropy, KL, clip fraction, turn length, zero-std groups)",
                            "held-out score before and after each stage"),
                    tests=("tests/test_llmzero.py",)),
     )
-
-    @classmethod
-    def run_outer_loop(cls, run: Any, config: LLMZeroConfig, model_args: Any) -> dict[str, Any]:
-        """What `trl-agents train` runs for this method: the search, each stage trained by this class."""
-        return run_search(run, config, model_args)
+    outer_loop: ClassVar[str] = "search"
+    """What `trl-agents train` runs for this method, by name (`cli.OUTER_LOOPS`): the strategy search, each stage
+    trained by this class."""

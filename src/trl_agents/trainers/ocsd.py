@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..credit import get_estimator
 from ..distill.ocsd import (
     DEFAULT_PLACEHOLDER,
     DEFAULT_SCAFFOLD,
@@ -39,7 +38,6 @@ from ..distill.ocsd import (
     check_beta,
     check_fraction,
     check_scaffold,
-    ocsd_advantages_with_stats,
 )
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -113,7 +111,7 @@ class OCSDTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "ocsd"]
     _name = "OCSD"
-    _config_class = OCSDConfig
+    config_class = OCSDConfig
     methods = (
         MethodInfo("ocsd", "arXiv 2608.04788", "trl_agents.distill.ocsd", title="OCSD",
                    inputs=("episode returns", "behaviour log-probs of the sampled actions",
@@ -139,19 +137,4 @@ class OCSDTrainer(AgentGRPOTrainer):
         return True  # the replay views are scored by `teacher` (OCSD: the current policy)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        grpo = get_estimator("grpo")
-        base = [
-            grpo(group, scale=args.scale_rewards, statistic=args.credit_statistic,
-                 invalid_penalty=args.invalid_action_penalty)
-            for group in groups
-        ]
-        advantages, stats = ocsd_advantages_with_stats(groups, base, beta=args.ocsd_beta)
-        self.log_global_means({
-            "ocsd/selected_fraction": (stats["selected"], stats["steps"]),
-            "ocsd/mean_abs_q": (stats["abs_q"], stats["tokens"]),
-            "ocsd/mean_residual": (stats["residual"], stats["finite"]),
-            "ocsd/nonfinite_residual_fraction": (stats["tokens"] - stats["finite"], stats["tokens"]),
-            "ocsd/mean_abs_advantage_change": (stats["abs_change"], stats["tokens"]),
-        })
-        return advantages
+        return self.estimate("ocsd", groups)

@@ -132,7 +132,7 @@ class OPSDTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "opsd"]
     _name = "OPSD"
-    _config_class = OPSDConfig
+    config_class = OPSDConfig
     methods = (
         MethodInfo("opsd", "arXiv 2601.18734", "trl_agents.distill.opsd", title="OPSD",
                    hook="compute_auxiliary_loss + policy_loss_weight",

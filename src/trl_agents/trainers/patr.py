@@ -8,7 +8,8 @@ environment snapshot of their state, the middle ones go on with one child, and d
 `patr_prune_threshold` for `patr_prune_patience` turns, repeated actions, rejected actions) are ended and kept as
 failed leaves, until every task has exactly B = `patr_budget` (default `num_generations`) leaves — and
 `compute_advantages`: GRPO over each task's B leaves on the task reward, a pruned leaf counting as a failure with
-return `patr_pruned_return` (math in `trl_agents/credit/patr.py`).
+return `patr_pruned_return` (math in `trl_agents/credit/patr.py`; the expansion and pruning rules in
+`trl_agents/rollout/topologies/patr.py`; the process scorers in `trl_agents/judges.py`).
 
 Scorers (`patr_scorer`): `"solver"` (offline progress from the environment's exact cost-to-go, `solver_value`;
 environments with a solver: frozenlake, sokoban, rushhour, minesweeper, alfworld), `"callable"` (a function passed as
@@ -35,15 +36,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..credit.base import check_choice
-from ..credit.patr import (
+from ..judges import (
     PROGRESS_MODES,
     CallableScorer,
+    EndpointJudge,
     JudgeScorer,
+    LocalJudge,
     RewardModelScorer,
     SolverProgressScorer,
-    patr_advantages_with_stats,
 )
-from ..judges import EndpointJudge, LocalJudge
 from ..rollout.topologies import Topology
 from ..rollout.topologies.patr import EXPAND_FROM
 from ..trajectory import Group
@@ -52,7 +53,6 @@ from .registry import MethodInfo
 
 SCORERS = ("solver", "callable", "endpoint", "local", "reward_model")
 JUDGE_APIS = ("chat", "completions")
-STAT_NAMES = ("num_leaves", "pruned_fraction", "zero_signal", "num_forks", "mean_fork_step", "success_rate")
 
 
 @dataclass
@@ -237,7 +237,7 @@ class PATRTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "patr"]
     _name = "PATR"
-    _config_class = PATRConfig
+    config_class = PATRConfig
     supports_trees = True  # GRPO over the leaves: each leaf's value on its whole path, shared steps summed by rows
     methods = (
         MethodInfo("patr", "arXiv 2607.15610", "trl_agents.credit.patr", title="PATR",
@@ -247,14 +247,14 @@ class PATRTrainer(AgentGRPOTrainer):
                    tests=("tests/test_patr.py", "tests/test_credit_patr.py")),
     )
 
-    def __init__(self, *positional, scorer=None, **keywords):
+    def __init__(self, model, args: PATRConfig | None = None, *rest, scorer=None, **keywords):
         if scorer is not None and not callable(scorer):
             raise TypeError(f"scorer must be callable (trajectories -> scores), got {type(scorer).__name__}")
-        args = keywords.get("args", positional[1] if len(positional) > 1 else None)
-        # The scorer is set up (probed, loaded) before the model: a bad URL or path stops the run right here.
+        # The scorer is set up (probed, loaded) before the model: a bad URL or path stops the run right here; without
+        # a config (the trainer makes its own), in `build_topology`. Either way it is built once.
         self._patr_user_scorer = scorer
         self._patr_scorer = build_scorer(args, scorer) if isinstance(args, PATRConfig) else None
-        super().__init__(*positional, **keywords)
+        super().__init__(model, args, *rest, **keywords)
         holder = self._patr_scorer.judge if isinstance(self._patr_scorer, JudgeScorer) else self._patr_scorer
         if isinstance(holder, LocalJudge | RewardModelScorer):  # loaded on the CPU: score next to the policy
             holder.model = holder.model.to(self.accelerator.device)
@@ -265,16 +265,16 @@ class PATRTrainer(AgentGRPOTrainer):
 
     @classmethod
     def topology_options(cls, args: Any) -> dict[str, Any]:
-        scorer = (SolverProgressScorer(horizon=args.max_turns, mode=args.patr_progress)
-                  if args.patr_scorer == "solver" else None)
-        return {"scorer": scorer, "budget": args.patr_budget, "roots": args.patr_roots,
+        """The `patr` topology's options from the config; its scorer is the trainer's (`build_topology`)."""
+        return {"scorer": None, "budget": args.patr_budget, "roots": args.patr_roots,
                 "branch_factor": args.patr_branch_factor, "tau_expand": args.patr_expand_threshold,
                 "tau_prune": args.patr_prune_threshold, "prune_patience": args.patr_prune_patience,
                 "expand_top_k": args.patr_expand_top_k, "repeat_limit": args.patr_repeat_limit,
                 "expand_from": args.patr_expand_from}
 
     def build_topology(self) -> Topology:
-        """The `patr` topology with the trainer's scorer (built here when the trainer made its own config)."""
+        """The `patr` topology with the trainer's scorer (built here when the trainer made its own config), the one
+        scorer the trainer builds."""
         if self._patr_scorer is None:
             self._patr_scorer = build_scorer(self.args, self._patr_user_scorer)
         topology = self.make_topology(self.args)
@@ -282,10 +282,6 @@ class PATRTrainer(AgentGRPOTrainer):
         return topology
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages = self.advantages_with_stats(
-            "patr", STAT_NAMES, groups, patr_advantages_with_stats, scale=args.scale_rewards,
-            pruned_return=args.patr_pruned_return, invalid_penalty=args.invalid_action_penalty,
-        )
+        advantages = self.estimate("patr", groups)
         self.log_rollout_cost_per_task("patr", groups)
         return advantages

@@ -147,7 +147,7 @@ class PCSDTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "pcsd"]
     _name = "PCSD"
-    _config_class = PCSDConfig
+    config_class = PCSDConfig
     methods = (
         MethodInfo("pcsd", "arXiv 2608.01837", "trl_agents.distill.pcsd", title="PCSD",
                    hook="compute_auxiliary_loss",

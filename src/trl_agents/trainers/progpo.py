@@ -24,12 +24,10 @@ import math
 from dataclasses import dataclass, field
 
 from ..credit.base import check_choice
-from ..credit.progpo import ANCHORS, MODES, PREFIXES, combine_parts, progpo_parts, transition_scale
+from ..credit.progpo import ANCHORS, MODES, PREFIXES, TRANSITION_NORMS
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
-
-TRANSITION_NORMS = ("batch", "group", "none")
 
 
 @dataclass
@@ -137,7 +135,7 @@ class ProGPOTrainer(AgentGRPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "progpo"]
     _name = "ProGPO"
-    _config_class = ProGPOConfig
+    config_class = ProGPOConfig
     methods = (
         MethodInfo("progpo", "arXiv 2607.04242", "trl_agents.credit.progpo", title="ProGPO",
                    inputs=("episode returns", "success labels", "step rewards",
@@ -147,52 +145,4 @@ class ProGPOTrainer(AgentGRPOTrainer):
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        parts = [
-            progpo_parts(
-                group,
-                gamma=args.gamma,
-                mode=args.progpo_mode,
-                statistic=args.episode_statistic,
-                prefix=args.prefix,
-                anchor=args.anchor,
-                max_depth=args.potential_depth,
-                smoothing=args.potential_smoothing,
-                variance_floor=args.potential_variance_floor,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            for group in groups
-        ]
-        if args.transition_norm == "batch":
-            scales = [self._batch_transition_std(parts)] * len(parts)
-        elif args.transition_norm == "group":
-            scales = [transition_scale([v for row in p.transition for v in row]) for p in parts]
-        else:
-            scales = [1.0] * len(parts)
-        advantages = [
-            combine_parts(p, peer_weight=args.peer_weight, transition_weight=args.transition_weight, scale=s)
-            for p, s in zip(parts, scales, strict=True)
-        ]
-        with_rows = [(p.stats, scale) for p, scale in zip(parts, scales, strict=True) if p.stats["num_rows"]]
-        self.log_mean_metrics("progpo", [{**stats, "transition_std": scale} for stats, scale in with_rows],
-                              ("peer_fraction", "mean_prefix_group_size", "outcome_contrast", "mean_potential",
-                               "transition_std"))
-        return advantages
-
-    def _batch_transition_std(self, parts) -> float:
-        """σ_tr over the step rows of the generation batch, on all processes (two passes: mean, then squares).
-
-        Only groups with outcome contrast count: the others have A^tr ≡ 0, and in a batch of mostly all-failed groups
-        (early training) their zeros would shrink σ_tr and inflate the credit of the rest (our choice).
-        """
-        values = [v for p in parts if p.stats["outcome_contrast"] for row in p.transition for v in row]
-        def total(*numbers: float) -> list[float]:
-            return self.sum_over_processes(numbers)
-
-        count, value_sum = total(float(len(values)), float(sum(values)))
-        if count < 2:
-            return 1.0
-        mean = value_sum / count
-        (squares,) = total(float(sum((v - mean) ** 2 for v in values)))
-        std = math.sqrt(squares / (count - 1))
-        return std if std > 0 else 1.0
+        return self.estimate("progpo", groups)

@@ -3,9 +3,9 @@
 A trainer class declares the methods it trains in a `methods` class attribute (a tuple of `MethodInfo`: name,
 paper, the module holding its math, the hook it changes, what its credit or loss reads, the config values that
 define it, its test files). Everything else a method needs is read from the class: its config class
-(`_config_class`), the signals it declares (`signals`), the environment capabilities it needs (its own, its signals'
-and its topology's), its topology (the config's `topology` default). `discover_methods()` imports every module of
-`trl_agents.trainers` and collects the declarations, so a new method is its math file (credit/ or distill/), its
+(`config_class`), the signals it declares (`signals`), the environment capabilities it needs (its own, its signals'
+and its topology's), its topology (the config's `topology` default). `discover_methods()` (in `trainers/__init__.py`)
+imports every module of `trl_agents.trainers` and collects the declarations, so a new method is its math file (credit/ or distill/), its
 trainer file, its config(s), its test file and its docs page (`docs/methods/<name>.md`) — nothing else to edit;
 `tests/test_method_registry.py` checks that every registered method has all five.
 
@@ -17,12 +17,12 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from ..names import did_you_mean
+from ..training.signal_phase import declared_signals, required_capabilities
+from .agent_grpo_config import AgentGRPOConfig
 
 
 @dataclass(frozen=True)
@@ -84,12 +84,12 @@ class Method:
 
     @property
     def config_class(self) -> type:
-        return self.trainer_class._config_class
+        return self.trainer_class.config_class
 
     @property
     def signals(self) -> tuple[str, ...]:
         """The signals the trainer declares (with the environment signals they need)."""
-        return self.trainer_class.declared_signals(self.config_defaults())
+        return declared_signals(self.trainer_class, self.config_defaults())
 
     @property
     def topology(self) -> str:
@@ -98,11 +98,27 @@ class Method:
     @property
     def env_capabilities(self) -> tuple[str, ...]:
         """Environment capabilities checked at start-up: the trainer's own, its signals' and its topology's."""
-        return self.trainer_class.required_capabilities(self.config_defaults())
+        return required_capabilities(self.trainer_class, self.config_defaults())
 
     @property
     def docs(self) -> str:
         return f"docs/methods/{self.name}.md"
+
+    def card_info(self) -> dict[str, Any]:
+        """What a model card shows about the method, as plain JSON (a run records it in `run_info.json` as
+        `method_card`, so rendering a card needs no trainer): title, paper, the trainer's tags, TRL's citation of the
+        paper where the trainer class carries one (`_paper`), and the method's own config fields (those the common
+        `AgentGRPOConfig` does not have)."""
+        common = {f.name for f in fields(AgentGRPOConfig)}
+        metadata = self.trainer_class.card_metadata()
+        paper = metadata["paper"]
+        return {
+            "title": self.title,
+            "paper": self.paper,
+            "tags": metadata["tags"],
+            "citation": {"id": paper.get("id"), "citation": paper.get("citation")} if paper.get("citation") else None,
+            "settings": [f.name for f in fields(self.config_class) if f.name not in common],
+        }
 
     def config_defaults(self) -> dict[str, Any]:
         """The config class's field defaults with the method's own `defaults` on top."""
@@ -111,32 +127,17 @@ class Method:
         return values
 
 
-def discover_methods() -> dict[str, Method]:
-    """Import every module of `trl_agents.trainers` and collect the `methods` each trainer class declares, in a
-    stable order (AgentGRPOTrainer's first, then by module name)."""
-    from . import agent_grpo
-
-    package = importlib.import_module(__package__)
-    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        importlib.import_module(f"{__package__}.{module}")
-    classes, pending = [], [agent_grpo.AgentGRPOTrainer]
-    while pending:
-        cls = pending.pop(0)
-        if cls not in classes:
-            classes.append(cls)
-            pending.extend(cls.__subclasses__())
-    ours = [c for c in classes if c.__module__.startswith(f"{__package__}.") and "methods" in vars(c)]
-    ours.sort(key=lambda c: (c is not agent_grpo.AgentGRPOTrainer, c.__module__, c.__name__))
-    methods: dict[str, Method] = {}
-    for cls in ours:
-        for info in vars(cls)["methods"]:
-            if info.name in methods:
-                raise ValueError(
-                    f"method {info.name!r} is declared by both {methods[info.name].trainer_class.__name__} and "
-                    f"{cls.__name__}"
-                )
-            methods[info.name] = Method(info, cls)
-    return methods
+def declared_method(trainer) -> Method | None:
+    """The registered method `trainer` runs: among those its own class declares (not a parent's: a user subclass
+    runs no registered method), the one whose `defaults` the config matches, the most specific (so Dr. GRPO wins
+    over GRPO); None when there is none."""
+    cls = type(trainer)
+    matching = [
+        Method(info, cls)
+        for info in vars(cls).get("methods", ())
+        if all(getattr(trainer.args, name, None) == value for name, value in info.defaults.items())
+    ]
+    return max(matching, key=lambda method: len(method.info.defaults)) if matching else None
 
 
 def lookup(methods: dict[str, Method], name: str) -> Method:

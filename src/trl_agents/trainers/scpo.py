@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..credit.base import check_choice
-from ..credit.scpo import SCORERS, SHAPING_LEVELS, SIBLING_CHOICES, Scorer, get_scorer, scpo_advantages_with_stats
+from ..credit.scpo import SCORERS, SHAPING_LEVELS, SIBLING_CHOICES, Scorer, get_scorer
 from ..trajectory import Group
 from .gigpo import GiGPOConfig, GiGPOTrainer
 from .registry import MethodInfo
@@ -117,7 +117,7 @@ class SCPOTrainer(GiGPOTrainer):
 
     _tag_names = ["trl", "trl-agents", "scpo"]
     _name = "SCPO"
-    _config_class = SCPOConfig
+    config_class = SCPOConfig
     methods = (
         MethodInfo("scpo", "arXiv 2606.25852", "trl_agents.credit.scpo", title="SCPO",
                    inputs=("episode returns", "success labels", "step rewards",
@@ -136,30 +136,4 @@ class SCPOTrainer(GiGPOTrainer):
         )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, stats = [], []
-        for group in groups:
-            group_advantages, group_stats = scpo_advantages_with_stats(
-                group,
-                scorer=self.scorer,
-                threshold=args.progress_threshold,
-                progress_coef=args.progress_coef,
-                sibling=args.sibling,
-                shaping_level=args.shaping_level,
-                gamma=args.gamma,
-                omega=args.step_advantage_w,
-                mode=args.gigpo_mode,
-                statistic=args.episode_statistic,
-                anchor=args.anchor,
-                similarity_threshold=args.similarity_threshold,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if group.trajectories:
-                stats.append(group_stats)
-        shaped = [s for s in stats if s["shaped"]]
-        self.log_global_means({"scpo/shaped_group_fraction": (len(shaped), len(stats))})
-        # over the groups that were shaped (a success and a failure); not logged when none was
-        self.log_mean_metrics("scpo", shaped, ("mean_progress", "mean_shaping_return", "matched_step_fraction"))
-        self.log_mean_metrics("scpo", [s for s in stats if s["num_anchor_groups"]], ("mean_anchor_group_size",))
-        return advantages
+        return self.estimate("scpo", groups, scpo_scorer=self.scorer)

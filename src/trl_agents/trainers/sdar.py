@@ -70,7 +70,7 @@ class SDARTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "sdar"]
     _name = "SDAR"
-    _config_class = SDARConfig
+    config_class = SDARConfig
     methods = (
         MethodInfo("sdar", "arXiv 2605.15155", "trl_agents.distill.sdar", title="SDAR",
                    hook="compute_auxiliary_loss",

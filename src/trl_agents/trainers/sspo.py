@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..credit.sspo import MODES, SCOPES, STATE_KEY_SIGNAL, StateScoreTable, sspo_advantages_with_stats
-from ..rollout.topologies.state_score import StateScoreTopology
+from ..credit.sspo import MODES
+from ..rollout.topologies.state_score import SCOPES, STATE_KEY_SIGNAL, StateScoreTable, StateScoreTopology
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 STATE_SCORES_NAME = "state_scores.json"
 ALLOCATIONS = ("independent", "adaptive")
 ALLOCATION_TOPOLOGY = {"independent": "independent", "adaptive": StateScoreTopology.name}
-STAT_NAMES = ("mean_step_reward", "mean_state_score", "low_score_fraction", "novel_fraction", "singleton_fraction")
 
 
 @dataclass
@@ -180,7 +179,7 @@ class SSPOTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "3spo"]
     _name = "3SPO"
-    _config_class = SSPOConfig
+    config_class = SSPOConfig
     methods = (
         MethodInfo("3spo", "arXiv 2606.09961", "trl_agents.credit.sspo", title="3SPO",
                    hook="compute_advantages (+ topology 'state_score' with sspo_allocation='adaptive')",
@@ -216,23 +215,9 @@ class SSPOTrainer(AgentGRPOTrainer):
             self.rollout_topology.table = self.state_scores
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages, stats_with_steps = [], []
-        for group in groups:
-            group_advantages, stats = sspo_advantages_with_stats(
-                group,
-                table=self.state_scores,
-                mode=args.sspo_mode,
-                episode_weight=args.episode_advantage_w,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            if any(traj.steps for traj in group.trajectories):
-                stats_with_steps.append(stats)
-        mode = "train" if self.model.training else "eval"
-        if mode == "train":  # scores of this batch came from the table before it; now add the batch
+        advantages = self.estimate("3spo", groups, state_scores=self.state_scores)
+        if self.model.training:  # scores of this batch came from the table before it; now add the batch
             self._update_state_scores(groups)
-        self.log_mean_metrics("3spo", stats_with_steps, STAT_NAMES)
         self.log_metric("3spo/table_size", len(self.state_scores.counts))
         self.log_metric("3spo/episodes_counted", self.state_scores.t - 1)
         return advantages

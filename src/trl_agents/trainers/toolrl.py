@@ -57,8 +57,6 @@ from transformers import TrainerCallback
 from ..callbacks.control_tokens import SEARCHQA_CONTROL_TOKENS, SIGNS, ControlTokenMonitor
 from ..credit.base import check_choice
 from ..credit.toolrl import (
-    DEFAULT_HINT_TEMPLATE,
-    group_composition,
     off_policy_token_loss,
     shaped_off_policy_ratio,
     zero_reward_tasks,
@@ -66,7 +64,7 @@ from ..credit.toolrl import (
 from ..envs import get_env_class
 from ..envs.base import has_plans
 from ..training.batch import token_signal_key
-from ..rollout.topologies.supervised import SupervisedTopology
+from ..rollout.topologies.supervised import DEFAULT_HINT_TEMPLATE, SupervisedTopology, group_composition
 from ..signals.base import SIGNALS, ModelSignal, register_signal
 from ..trajectory import Group, first_occurrences
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -268,7 +266,7 @@ class ToolRLTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "toolrl"]
     _name = "ToolRL"
-    _config_class = ToolRLConfig
+    config_class = ToolRLConfig
     methods = (
         MethodInfo("toolrl", "arXiv 2606.26027", "trl_agents.credit.toolrl", title="Tool-RL collapse fixes",
                    hook="topology (supervised) + loss_advantages + compute_auxiliary_loss + callbacks (monitor, SFT)",
@@ -439,7 +437,7 @@ class ToolRLTrainer(AgentGRPOTrainer):
         """(prompt ids, action ids + EOS) of every turn of the GT episode of every task, the prompt rendered exactly
         as the RL step prompts (system prompt, task text, history window, observation)."""
         topology = self.rollout_topology
-        tokenizer = self._tokenizer
+        tokenizer = self.text_tokenizer
         examples = []
         for task in tasks.values():
             episode = topology.ground_truth(task) if isinstance(topology, SupervisedTopology) else None
@@ -470,7 +468,7 @@ class ToolRLTrainer(AgentGRPOTrainer):
                                epochs=args.toolrl_sft_epochs, batch_size=args.toolrl_sft_batch_size,
                                micro_batch_size=max(args.per_device_train_batch_size, 1),
                                learning_rate=args.toolrl_sft_learning_rate,
-                               pad_token_id=self._tokenizer.pad_token_id or 0)
+                               pad_token_id=self.text_tokenizer.pad_token_id or 0)
             info["loss_first"], info["loss_last"] = losses[0], losses[-1]
         self.sft_history.append({"step": self.state.global_step, **info})
         logger.info("Tool-RL SFT phase %d at step %d: %d tasks, %d examples, loss %.4f -> %.4f", self.sft_phases,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..credit.base import check_choice
-from ..credit.vict import ABSTAIN_REASONS, FAILURE_CORES, vict_advantages_with_stats
+from ..credit.vict import FAILURE_CORES
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .registry import MethodInfo
@@ -89,7 +89,7 @@ class VICTTrainer(AgentGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "trl-agents", "vict"]
     _name = "VICT"
-    _config_class = VICTConfig
+    config_class = VICTConfig
     methods = (
         MethodInfo("vict", "arXiv 2608.28128", "trl_agents.credit.vict", title="VICT",
                    inputs=("episode returns", "verifier atoms (env.verify(): status, witness step, dependencies)"),
@@ -98,27 +98,4 @@ class VICTTrainer(AgentGRPOTrainer):
     signals = ("verifier_atoms",)
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:
-        args = self.args
-        advantages = []
-        totals = {"trajectories": 0.0, "abstained": 0.0, "credited_steps": 0.0, "traced_steps": 0.0}
-        totals.update({f"abstain/{reason}": 0.0 for reason in ABSTAIN_REASONS})
-        for group in groups:
-            group_advantages, stats = vict_advantages_with_stats(
-                group,
-                scale=args.scale_rewards,
-                edge_share=args.edge_share,
-                failure_core=args.failure_core,
-                invalid_penalty=args.invalid_action_penalty,
-            )
-            advantages.append(group_advantages)
-            for name in totals:
-                totals[name] += stats[name]
-        count = totals["trajectories"]
-        traced = count - totals["abstained"]
-        self.log_global_means({
-            "vict/abstention_rate": (totals["abstained"], count),
-            "vict/mean_credited_steps": (totals["credited_steps"], traced),
-            "vict/credited_step_fraction": (totals["credited_steps"], totals["traced_steps"]),
-            **{f"vict/abstain/{reason}": (totals[f"abstain/{reason}"], count) for reason in ABSTAIN_REASONS},
-        })
-        return advantages
+        return self.estimate("vict", groups)

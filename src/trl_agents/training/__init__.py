@@ -6,6 +6,7 @@
 | `tasks` | dataset rows are tasks; TRL's generation batch back into its tasks |
 | (`trl_agents.rollout`) | the rollout: the engine, its topology, the environments and the generator |
 | `signal_phase` | model signals on the rollout's healthy episodes (and mid-rollout for a topology) |
+| `grsd_phase` | GRSD's signal phase: reflections, their judge, the guidance and the student's scores (its trainer runs it) |
 | `credit_phase` | healthy and filtered groups; the value each recorded step is trained with |
 | `rows` | training rows (step or conversation) with their advantages and signals |
 | `batch` | padded tensors, filler rows, micro-batches, the loss mask |
@@ -13,6 +14,6 @@
 | `loss` | loss chunks, backward in parts, the auxiliary-loss normaliser, the importance-sampling ratio |
 | `metrics` | rollout metrics over processes, the completions table, episode transcripts |
 
-Each module is plain functions (and one class, `SignalPhase`) over trajectories, rows and tensors; none imports a
-trainer. The TRL adapter, `trl_agents.trainers.agent_grpo`, is the only place that touches TRL's private surface.
+Each module is plain functions (and the phase classes `SignalPhase`, `GRSDPhase`) over trajectories, rows and
+tensors; none imports a trainer. The TRL adapter, `trl_agents.trainers.agent_grpo`, is the only place that touches TRL's private surface.
 """

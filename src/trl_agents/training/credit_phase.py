@@ -5,14 +5,17 @@ The trainer's `compute_advantages(groups)` hook gives one value per step (or per
 `advantages[g][i][t]`. Around it: `trainable_groups` keeps each group's healthy episodes (none when too few are left),
 `filter_groups` empties the groups a training filter rejects, `step_values` folds the values of a tree's paths into
 the one value each shared `Step` is trained with, and `episode_step_values` is that value per episode and owned step,
-for the logs and the trajectory records.
+for the logs and the trajectory records. `EmptyRollouts` stops a run whose rollouts keep leaving nothing to train on.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from ..trajectory import Group, RolloutBatch
+
+logger = logging.getLogger(__name__)
 
 def trainable_groups(groups: Sequence[Group], min_healthy_episodes: int) -> tuple[list[Group], int]:
     """(each group's healthy episodes, or no episode when fewer than `min_healthy_episodes` are healthy; how many
@@ -115,3 +118,32 @@ def episode_step_values(batch: RolloutBatch, healthy: list[Group], advantages) -
         for trajectory in group.trajectories
     }
 
+
+class EmptyRollouts:
+    """A training rollout that leaves nothing to train on (every episode failed, or its group was left with too few
+    healthy ones) makes a step that updates nothing, with a warning, so that one bad rollout never stops training;
+    `limit` such rollouts in a row mean the environment itself is broken: a RuntimeError names its errors."""
+
+    limit = 3
+
+    def __init__(self):
+        self.in_a_row = 0
+
+    def check(self, batch: RolloutBatch, num_rows: int, dropped: int, min_healthy_episodes: int, step: int, *,
+              training: bool) -> None:
+        """Count a rollout that gave `num_rows` rows (`dropped` groups below `min_healthy_episodes`); an evaluation
+        rollout, or one with rows, ends the streak."""
+        if num_rows > 0 or not training:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        errors = sorted({t.error for t in batch.trajectories if t.error})
+        reason = (
+            "every episode of this rollout failed"
+            + (f" or was left alone in its group ({dropped} groups below min_healthy_episodes="
+               f"{min_healthy_episodes})" if dropped else "")
+            + ". First errors: " + ("; ".join(errors[:3]) or "none")
+        )
+        if self.in_a_row >= self.limit:
+            raise RuntimeError(f"{self.in_a_row} rollouts in a row left nothing to train on: {reason}")
+        logger.warning("Nothing to train on at step %d (this step updates nothing): %s", step + 1, reason)

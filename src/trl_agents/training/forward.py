@@ -7,6 +7,7 @@
 * `token_logps` (with `policy_logps` for a micro-batch and `sequence_logps` for token lists) / `completion_logits`:
   a completion's log-probs (or logits) after its prompt, with their graph, for losses whose policy loss is skipped
   and for extra sequences (GRSD's reflections).
+* `forward_rows` / `reference_model`: the old and reference log-probs of a padded batch, as `GRPOTrainer` computes them.
 * `no_gradient_checkpointing`: no-grad forwards (old/reference log-probs, model signals) without the recomputation.
 """
 
@@ -78,6 +79,29 @@ def rows_per_forward(rows: int, width: int, max_tokens: int | None) -> int:
     return max(1, min(rows, max_tokens // max(width, 1)))
 
 
+def forward_rows(forward: Callable, output: dict[str, Any], rows: int, max_tokens: int | None, model) -> torch.Tensor:
+    """Per-token log-probs (B, T) of the completions of a padded batch `output` under `model`, by `forward` (the
+    trainer's `_get_per_token_logps_and_entropies`), `rows_per_forward(rows, width, max_tokens)` rows at a time."""
+    ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    batch_size = rows_per_forward(rows, ids.size(1), max_tokens)
+    return forward(model, ids, mask, output["completion_ids"].size(1), batch_size=batch_size)[0]
+
+
+@contextlib.contextmanager
+def reference_model(model, ref_model, accelerator):
+    """The reference policy of TRL's KL term: `ref_model`, or with PEFT (no `ref_model`) the policy with its adapter
+    disabled, or with the frozen "ref" adapter active when the model has one."""
+    if ref_model is not None:
+        yield ref_model
+        return
+    from trl.trainer.utils import use_adapter
+
+    unwrapped = accelerator.unwrap_model(model)
+    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+        yield model
+
+
 def row_forwards(attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int | None, accelerator):
     """The forwards of `grouped_forward`: (rows, first column, end column) each, at most `batch_size` rows; None
     when one forward over every column is what the grouping gives."""
@@ -112,7 +136,13 @@ def grouped_forward(forward: Callable, model, input_ids: torch.Tensor, attention
     """TRL's per-token log-probs (and entropies) of the last `logits_to_keep` tokens of each row, from `forward`
     (TRL's `_get_per_token_logps_and_entropies`) run once per piece of `row_forwards`: each piece is cut to the
     columns its rows use and every row's values are put back in place (0 on the trimmed completion columns, as TRL
-    gives on padding). Returns (log-probs, entropies or None, None) as TRL does."""
+    gives on padding). Returns (log-probs, entropies or None, None) as TRL does.
+
+    Why the values are TRL's up to float noise: step rows of different turns differ in length and one forward pads
+    them all to the longest; the rows are independent, and cutting the left padding of the prompts and the right
+    padding of the completions only shifts their tokens (rotary positions are relative; TRL's own micro-batch
+    trimming shifts them the same way). Under DDP the processes cut as many forwards while gradients are recorded
+    (every forward synchronises buffers)."""
     logps, entropies = [], []
     for rows, start, end in pieces:
         index = torch.tensor(rows, device=input_ids.device)

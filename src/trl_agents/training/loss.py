@@ -70,6 +70,16 @@ def loss_chunks(
     return chunks
 
 
+def common_width(inputs: dict[str, Any], budget: int | None, accelerator) -> int | None:
+    """The widest micro-batch of every process (prompt + completion columns), for `loss_chunks` to cut the same
+    chunks on every process: TRL's loss gathers per-row statistics in every call, and the processes' micro-batches
+    have as many rows but may be padded to different widths. None with one process or no budget."""
+    if budget is None or accelerator.num_processes == 1:
+        return None
+    local = inputs["prompt_ids"].size(1) + inputs["completion_ids"].size(1)
+    return int(accelerator.gather(torch.tensor([local], device=accelerator.device)).max())
+
+
 def backward_in_parts(parts: Sequence[Any], loss_of: Callable[[int, Any], torch.Tensor], accelerator, model,
                       backward: bool, scale: float = 1.0) -> torch.Tensor:
     """The summed loss of `parts` (`loss_of(index, part)` each), for one backward: with `backward`, every part but
@@ -103,6 +113,19 @@ def batch_token_mean(values: torch.Tensor, mask: torch.Tensor, num_items_in_batc
     if steps_per_generation is not None:
         normalizer = normalizer / steps_per_generation
     return total / normalizer
+
+
+def add_importance_sampling_ratio(output: dict[str, Any], mode: str, clip_min: float | None, clip_max: float | None,
+                                  gather: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+    """TRL's vLLM importance-sampling correction (grpo_trainer.py in TRL 1.16) into `output`: the ratio between the
+    trainer's and the engine's probability of the sampled tokens (`old_per_token_logps`, `sampling_per_token_logps`),
+    per token or per row, truncated or masked, over the trained tokens only (environment tokens of conversation rows
+    excluded), as `importance_sampling_ratio`; returns TRL's `sampling/` metrics."""
+    old, sampled = output["old_per_token_logps"], output["sampling_per_token_logps"]
+    mask = loss_mask(output)
+    ratio = importance_sampling_ratio(old, sampled, mask, mode, clip_min, clip_max)
+    output["importance_sampling_ratio"] = ratio
+    return importance_sampling_metrics(old, sampled, ratio, mask, gather)
 
 
 def importance_sampling_metrics(old: torch.Tensor, sampled: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor,

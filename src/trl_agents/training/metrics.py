@@ -4,12 +4,16 @@
 * `rollout_stats`: the rollout and credit metrics of this process as (total, count) pairs (reduced over processes by
   `reduce_rollout_stats`: means, totals, maxima, TRL's `reward` / `reward_std`);
 * `completion_entries`: one entry of TRL's completions table per episode (`episode_prompt`, `episode_transcript`);
-* the transcript of an episode (`episode_transcript`), the one episode-to-text renderer of the project.
+* the transcript of an episode (`episode_transcript`), the one episode-to-text renderer of the project;
+* `ProcessMetrics`: the trainer's metric helpers (`log_metric`, `log_global_means`, `log_token_means`, ...), reduced
+  over processes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -106,6 +110,18 @@ def completion_entries(batch: RolloutBatch, step_advantages: dict) -> list[tuple
     return entries
 
 
+def log_completions(logs: dict[str, Any], entries: list[tuple[str, str, float, float, bool, int]]) -> None:
+    """Append `completion_entries` (of every process) to TRL's completions table `logs`, with `success` and `turns`
+    columns."""
+    for prompt, completion, episode_return, advantage, success, turns in entries:
+        logs["prompt"].append(prompt)
+        logs["completion"].append(completion)
+        logs["rewards"]["environment_return"].append(episode_return)
+        logs["advantages"].append(advantage)
+        logs["extra"]["success"].append(success)
+        logs["extra"]["turns"].append(turns)
+
+
 # How much of an episode a completions-table entry shows (our choice: enough to follow a puzzle, short enough for a
 # console table): texts longer than TRANSCRIPT_TEXT_CHARS are cut, and of longer episodes the first and last
 # TRANSCRIPT_TURNS // 2 turns are shown.
@@ -158,3 +174,68 @@ def episode_transcript(trajectory: Trajectory) -> str:
 
 def _shorten(text: str) -> str:
     return text if len(text) <= TRANSCRIPT_TEXT_CHARS else text[: TRANSCRIPT_TEXT_CHARS - 1] + "…"
+
+
+class ProcessMetrics:
+    """The metric helpers every trainer has (a mixin of `AgentGRPOTrainer`): log a value, or reduce (total, count)
+    pairs over the processes in one all-reduce and log their ratio. The trainer provides `metric_store()` (the lists
+    of this logging step's values by name, for the current mode), `accelerator` and `last_rollout`."""
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Log `value` under `name` for this logging step, as this process sees it (no reduction over processes;
+        use `log_global_means` for that)."""
+        self.metric_store()[name].append(float(value))
+
+    def log_token_means(self, values: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Log the mean of each (B, T) tensor of `values` over the `mask`ed tokens of this micro-batch on every
+        process (one all-reduce; call it from the loss, which every process runs the same number of times)."""
+        keep = mask.bool()
+        self.log_global_means({
+            name: (float(torch.where(keep, v.detach(), torch.zeros_like(v)).sum()), float(keep.sum()))
+            for name, v in values.items()
+        })
+
+    def log_rollout_cost_per_task(self, prefix: str, groups: list[Group]) -> None:
+        """Log the last training rollout's generated tokens and env steps per task, as `<prefix>/..._per_task`
+        (topology methods: what their trees cost against G independent episodes)."""
+        batch_stats = self.last_rollout.stats if self.last_rollout is not None else {}
+        tasks = max(len(groups), 1)
+        self.log_global_means({
+            f"{prefix}/generated_tokens_per_task": (batch_stats.get("generated_tokens", 0.0), tasks),
+            f"{prefix}/env_steps_per_task": (batch_stats.get("env_steps", 0.0), tasks),
+        })
+
+    def log_global_means(self, ratios: dict[str, tuple[float, float]]) -> None:
+        """Log each metric of `ratios` (name -> (total, count) on this process) as Σ total / Σ count over all
+        processes, skipped where Σ count is 0. One all-reduce for all of them, so every process must call it with
+        the same names, whether or not it has anything to count."""
+        names = sorted(ratios)
+        flat = self.sum_over_processes([value for name in names for value in ratios[name]]) if names else []
+        metrics = self.metric_store()
+        for index, name in enumerate(names):
+            total, count = flat[2 * index], flat[2 * index + 1]
+            if count > 0:
+                metrics[name].append(total / count)
+
+    def log_global_totals(self, totals: dict[str, float]) -> None:
+        """Log each metric of `totals` (name -> this process's amount) as its sum over all processes (e.g. counts of
+        events in the generation batch). A collective, as `log_global_means`."""
+        share = 1.0 / self.accelerator.num_processes  # Σ share over the processes is 1: the mean is the sum
+        self.log_global_means({name: (float(value), share) for name, value in totals.items()})
+
+    def sum_over_processes(self, values: Sequence[float]) -> list[float]:
+        """`values` (floats) summed elementwise over all processes, in one all-reduce (as is with one process). Every
+        process must call it at the same point with as many values."""
+        values = [float(v) for v in values]
+        if self.accelerator.num_processes == 1:
+            return values
+        summed = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(summed, reduction="sum").tolist()
+
+    def max_over_processes(self, value: float) -> float:
+        """The largest of `value` over all processes, in one all-reduce (as is with one process). Every process must
+        call it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return float(value)
+        local = torch.tensor([float(value)], dtype=torch.float64, device=self.accelerator.device)
+        return float(self.accelerator.gather(local).max())

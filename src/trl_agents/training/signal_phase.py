@@ -5,8 +5,10 @@
 where the environments live, and the model signals this phase computes on the healthy episodes of a rollout
 (`compute`), or mid-rollout when a topology asks for one (`for_topology`, e.g. entropies to rank branch points). It
 also lays out which signals go into the training batch (`training_layouts`) and lets model signals observe the
-rollout's own forwards while it generates (`captures`, e.g. hidden states from the prefill). `build_teacher` builds
-the teacher of teacher signals; `TeacherUpdate` moves an EMA teacher after every optimizer step.
+rollout's own forwards while it generates (`captures`, e.g. hidden states from the prefill). `declared_signals` and
+`required_capabilities` say what a trainer class computes and needs with a config (the registry reads them).
+`build_teacher` builds the teacher of teacher signals; `TeacherUpdate` moves an EMA teacher after every optimizer
+step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import torch
 from transformers import TrainerCallback
 
 from ..signals import ModelSignal, get_signal, resolve_signals
+from ..signals import required_capabilities as signal_capabilities
 from ..trajectory import Group, Trajectory
+from .tasks import as_namespace
 
 
 class SignalPhase:
@@ -99,6 +103,36 @@ class SignalPhase:
         finally:
             self.capturing = capturing
             self._topology_seconds[name] = self._topology_seconds.get(name, 0.0) + (time.perf_counter() - start)
+
+
+def trainer_signals(trainer_class, args: Any) -> tuple[list, list, Any]:
+    """(environment signals, model signals, topology) of a trainer class with `args` (a config or any object with
+    its fields): the declared signals, the environment signals they need, and the model signals its topology computes
+    mid-rollout."""
+    args = as_namespace(args)
+    topology = trainer_class.make_topology(args)
+    env_signals, model_signals = resolve_signals(
+        [*trainer_class.signal_names(args), *topology.model_signals], trainer_class.signal_options(args)
+    )
+    return env_signals, model_signals, topology
+
+
+def declared_signals(trainer_class, args: Any) -> tuple[str, ...]:
+    """Every signal a trainer class computes with `args`: the declared ones, the environment signals they need, and
+    the model signals of its topology (what the registry and `trl-agents methods` show)."""
+    env_signals, model_signals, _ = trainer_signals(trainer_class, args)
+    return tuple(s.name for s in [*model_signals, *env_signals])
+
+
+def required_capabilities(trainer_class, args: Any) -> tuple[str, ...]:
+    """Environment capabilities a trainer class checks at start-up with `args`: its own
+    (`required_env_capabilities`), its signals' and its topology's."""
+    env_signals, model_signals, topology = trainer_signals(trainer_class, args)
+    return tuple(dict.fromkeys([
+        *trainer_class.required_env_capabilities,
+        *signal_capabilities([*env_signals, *model_signals]),
+        *topology.required_capabilities,
+    ]))
 
 
 def build_teacher(args: Any, policy, model_context: Callable, reference):

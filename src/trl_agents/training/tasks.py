@@ -106,6 +106,22 @@ def check_privileged_field(dataset, args: Any, needs_teacher: bool) -> None:
         )
 
 
+def check_topology(topology, args: Any, supports_trees: bool, needs_teacher: bool, trainer_name: str) -> None:
+    """A topology that forks episodes needs credit written for trees, and step rows when a teacher reads a
+    privileged view (a one-line ValueError naming the fix otherwise)."""
+    if topology.needs_snapshots and not supports_trees:
+        raise ValueError(
+            f"topology={args.topology!r} forks episodes that share their first steps, but "
+            f"{trainer_name}'s credit is not written for trees (every path would count a shared step "
+            "again): use a tree-aware method such as BPOTrainer (method 'bpo'), or topology='independent'."
+        )
+    if args.row_format == "conversation" and topology.needs_snapshots and needs_teacher:
+        raise ValueError(
+            "A privileged view of conversation rows rewrites an episode's first prompt, but a forked episode's row "
+            "starts at its fork: use row_format='step' with tree topologies and teacher signals."
+        )
+
+
 def envs_with(capabilities: tuple[str, ...]) -> list[str]:
     from ..envs import list_envs
 

@@ -19,7 +19,7 @@ every task and branch; environments stay in the `EnvPool`.
 Trees: a forked trajectory records `parent_id` (the episode it forked from) and `fork_step` (its first own step);
 its `steps[:fork_step]` are the parent's `Step` objects. Training rows train every step once (in the row of the
 trajectory that owns it) with the sum of the advantages its trajectories give it, which is what training each
-root-to-leaf path as its own sequence gives at importance ratio 1 (`rollout/rows.py`). Records store each step once,
+root-to-leaf path as its own sequence gives at importance ratio 1 (`training/rows.py`). Records store each step once,
 with `branch_id` / `parent_id` links (`trl_agents.records`).
 
 Every module of this package that defines a `Topology` subclass with a `name` is registered in `TOPOLOGIES`

@@ -6,10 +6,15 @@ until the task has `rollouts_per_task` episodes (n): a branch at token k of step
 before step s and continues that step's action from its own tokens [0..k] (`Fork(action_prefix=...)`: the engine
 appends the prefix to the prompt, the generator samples the rest of the action, the environment then plays on).
 
-The score of a token (math in `trl_agents.credit.appo`): its entropy H under the current policy and its future value
-Ω, from the log-ratios between the current policy and the sampler over the rollout's tokens from there on, both
-z-scored within the rollout over its non-punctuation tokens: BS = z(H)·z(Ω), eligible iff z(H), z(Ω) and BS are all
-positive. H and the current policy's log-probs come from one batched no-grad forward over the initial rollouts (the
+The score of a token (its math is here, the credit's in `trl_agents.credit.appo`): its entropy H under the current
+policy and its future value Ω, from the log-ratios Δ_j = log π_θ(y_j) − log π_old(y_j) between the current policy and
+the sampler over the rollout's tokens from there on, both z-scored within the rollout over its non-punctuation
+tokens:
+
+    Ω_t  = clip( exp( clamp( Σ_{j≥t} γ^{j−t} Δ_j , −20, 20 ) ), 1 − ε, 1 + ε )          (`future_values`)
+    BS_t = z(H)_t · z(Ω)_t,   eligible iff z(H)_t > 0, z(Ω)_t > 0 and BS_t > 0          (`branching_scores`)
+
+The best eligible positions (`top_positions`) are the split points. H and the current policy's log-probs come from one batched no-grad forward over the initial rollouts (the
 model signal `policy_logprobs`, which also fills `entropy`); the sampler's are `step.action_logprobs`. When they
 coincide (a transformers generator samples with the current weights: Ω ≡ 1) or a log-prob is missing (NaN), Ω says
 nothing and the score falls back to z(H) (counted in `topology/omega_fallback_fraction`). `score="entropy"` always
@@ -22,28 +27,29 @@ initial rollouts (each rollout's best point first, rollouts with the best points
 (nothing would be left to sample), nor a token without snapshot. `branch_points` lists the splits of the last rollout
 (`BranchPoint`, with the episode id the engine gives each branch), for the trainer's credit.
 
-Example:
+Numerical guards: z-scores of fewer than two values, or of values whose spread is below `tolerance`, are 0 (no
+eligible position rather than 0/0); the exponent of Ω is clamped to ±20 (no inf); empty inputs give empty outputs.
+
+Example (the acceptance numbers, docs/methods/appo.md "Hand-computed case"):
     >>> from trl_agents.rollout.topologies import get_topology
     >>> topology = get_topology("token_branching", rollouts_per_task=4)
     >>> topology.begin([{"seed": 0}], num_generations=2)
     [Launch(task_index=0, count=2)]
+    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]
+    [1.0, 0.9048, 0.9048]
+    >>> scores, eligible, used_omega = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
+    >>> [round(s, 3) for s in scores], eligible, used_omega
+    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False], True)
 """
 
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ...credit.appo import (
-    DEFAULT_BRANCH_GAMMA,
-    BranchPoint,
-    branching_scores,
-    future_values,
-    is_punctuation,
-    token_offsets,
-    top_positions,
-)
 from ...signals.base import ModelSignal, register_signal
 from ...signals.model import assign, score_units, scoring_units
 from ...trajectory import Trajectory
@@ -51,6 +57,157 @@ from .base import Fork, Launch, Request, RolloutView, Topology
 
 TOKEN_BRANCH_SCORES = ("bs", "entropy")
 POLICY_LOGPROBS = "policy_logprobs"
+DEFAULT_BRANCH_GAMMA = 1.0  # γ of Ω's future sum at branching: the released code passes `algorithm.gamma`, 1.0
+EXP_CLAMP = 20.0  # the exponent of Ω and of the future-KL factor is clamped to ±20 (as the code does)
+PUNCTUATION = frozenset(string.punctuation)
+
+
+def is_punctuation(text: str) -> bool:
+    """Whether a token's text is only whitespace and punctuation (such tokens are never split points, nor counted in
+    the z-scores).
+
+    >>> is_punctuation(" ,"), is_punctuation("go"), is_punctuation("")
+    (True, False, True)
+    """
+    return all(ch.isspace() or ch in PUNCTUATION for ch in text)
+
+
+# ---- where to branch (pure) ------------------------------------------------------------------------------------------
+
+
+def future_sums(values: Sequence[float], gamma: float, keep: Sequence[bool] | None = None) -> list[float]:
+    """S_t = Σ_{k≥t} γ^{k−t} 1[keep_k]·v_k, backwards: S_t = 1[keep_t]·v_t + γ·S_{t+1}.
+
+    >>> future_sums([1.0, 0.0, 1.0], 0.5)
+    [1.25, 0.5, 1.0]
+    """
+    sums = [0.0] * len(values)
+    running = 0.0
+    for t in range(len(values) - 1, -1, -1):
+        term = values[t] if keep is None or keep[t] else 0.0
+        running = term + gamma * running
+        sums[t] = running
+    return sums
+
+
+def future_values(
+    log_ratios: Sequence[float], gamma: float = DEFAULT_BRANCH_GAMMA, epsilon: float | None = 0.2
+) -> list[float]:
+    """Ω_t = clip(exp(clamp(Σ_{j≥t} γ^{j−t} Δ_j, ±20)), 1 − ε, 1 + ε), Δ_j = log π_θ(y_j) − log π_old(y_j) over the
+    rollout's tokens in order; `epsilon=None` returns the unclipped values.
+
+    >>> [round(v, 4) for v in future_values([0.1, 0.0, -0.1], gamma=1.0, epsilon=None)]  # exp(0), exp(−.1), exp(−.1)
+    [1.0, 0.9048, 0.9048]
+    >>> future_values([1.0], gamma=1.0)  # exp(1) = 2.718 clipped to 1 + 0.2
+    [1.2]
+    """
+    omegas = []
+    for total in future_sums(log_ratios, gamma):
+        omega = math.exp(max(-EXP_CLAMP, min(EXP_CLAMP, total)))
+        if epsilon is not None:
+            omega = min(max(omega, 1.0 - epsilon), 1.0 + epsilon)
+        omegas.append(omega)
+    return omegas
+
+
+def zscores(values: Sequence[float], keep: Sequence[bool] | None = None, tolerance: float = 1e-8) -> list[float]:
+    """(v − μ)/σ with μ and the population σ over the kept values; 0 on values not kept, and 0 everywhere when
+    fewer than two values are kept or σ < `tolerance` (no spread: nothing stands out).
+
+    >>> [round(z, 4) for z in zscores([1.1, 1.0, 0.9, 1.2])]
+    [0.4472, -0.4472, -1.3416, 1.3416]
+    >>> zscores([1.0, 1.0, 1.0]), zscores([3.0, 1.0], keep=[True, False])
+    ([0.0, 0.0, 0.0], [0.0, 0.0])
+    """
+    kept = [v for i, v in enumerate(values) if keep is None or keep[i]]
+    if len(kept) < 2:
+        return [0.0] * len(values)
+    mean = sum(kept) / len(kept)
+    std = math.sqrt(sum((v - mean) ** 2 for v in kept) / len(kept))
+    if std < tolerance:
+        return [0.0] * len(values)
+    return [(v - mean) / std if keep is None or keep[i] else 0.0 for i, v in enumerate(values)]
+
+
+def branching_scores(
+    entropies: Sequence[float],
+    omegas: Sequence[float] | None,
+    keep: Sequence[bool] | None = None,
+    omega_tolerance: float = 1e-4,
+) -> tuple[list[float], list[bool], bool]:
+    """(score per token, eligible per token, whether Ω was used) within one rollout.
+
+    BS_t = z(H)_t·z(Ω)_t, eligible iff z(H) > 0, z(Ω) > 0 and BS > 0; z over the `keep` tokens (non-punctuation),
+    tokens not kept are never eligible. Ω None, with a non-finite value, or with a spread (population σ over the
+    kept tokens) below `omega_tolerance` falls back to score z(H), eligible iff z(H) > 0.
+
+    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.1, 1.0, 0.9, 1.2])
+    >>> [round(s, 3) for s in scores], eligible  # z(H) = [1.284, −0.691, 0.625, −1.218], z(Ω) = [.447, −.447, ...]
+    ([0.574, 0.309, -0.839, -1.634], [True, False, False, False])
+    >>> scores, eligible, used = branching_scores([2.0, 0.5, 1.5, 0.1], [1.0, 1.0, 1.0, 1.0])  # Ω ≡ 1: z(H) alone
+    >>> [round(s, 3) for s in scores], eligible, used
+    ([1.284, -0.691, 0.625, -1.218], [True, False, True, False], False)
+    """
+    n = len(entropies)
+    keep = [True] * n if keep is None else list(keep)
+    z_h = zscores(entropies, keep)
+    use_omega = omegas is not None and len(omegas) == n and all(math.isfinite(v) for v in omegas)
+    if use_omega:
+        z_o = zscores(omegas, keep, tolerance=omega_tolerance)
+        use_omega = any(z != 0.0 for z in z_o)
+    if not use_omega:
+        return z_h, [keep[t] and z_h[t] > 0 for t in range(n)], False
+    scores = [z_h[t] * z_o[t] for t in range(n)]
+    eligible = [keep[t] and z_h[t] > 0 and z_o[t] > 0 and scores[t] > 0 for t in range(n)]
+    return scores, eligible, True
+
+
+def top_positions(scores: Sequence[float], eligible: Sequence[bool], count: int) -> list[int]:
+    """The `count` eligible positions with the highest scores (ties: the earliest), best first.
+
+    >>> top_positions([0.5, 2.0, 2.0, 9.0], [True, True, True, False], 2)
+    [1, 2]
+    """
+    ranked = sorted((t for t in range(len(scores)) if eligible[t]), key=lambda t: (-scores[t], t))
+    return ranked[: max(count, 0)]
+
+
+# ---- the splits of a rollout, for the credit -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BranchPoint:
+    """One split of token-level branching: the branch episode `episode_id` of task `task_index` continues step
+    `step` of the initial rollout `origin` after its tokens `[0..token]` (`prefix`), chosen with score `score`
+    (BS, or z(H) on the fallback); `position` is the split token's index among all the origin's action tokens."""
+
+    task_index: int
+    episode_id: int
+    origin: int
+    step: int
+    token: int
+    position: int
+    score: float
+    prefix: tuple[int, ...]
+
+
+def token_offsets(trajectory: Trajectory) -> list[int]:
+    """Index of each step's first action token among all the trajectory's action tokens, in order.
+
+    >>> from trl_agents.trajectory import Step
+    >>> token_offsets(Trajectory(task={}, steps=[Step("o", "a", action_ids=[1, 2]), Step("o", "b", action_ids=[3])]))
+    [0, 2]
+    """
+    offsets, total = [], 0
+    for step in trajectory.steps:
+        offsets.append(total)
+        total += len(step.action_ids)
+    return offsets
+
+
+# ---- the model signal and the topology ----------------------------------------------------------------------------
+
+
 
 
 class PolicyLogprobs(ModelSignal):

@@ -1,8 +1,9 @@
 """`info_gain`: a tree per task grown under a leaf budget, expanding the nodes whose tool observation raised the
 policy's likelihood of the gold answer the most (IGRPO, arXiv 2607.06223; docs/methods/igrpo.md).
 
-A node is the state right after a tool observation (on Search-QA, after a `search[...]` step; the math and the node
-rule are in `trl_agents.credit.igrpo`). Round 1 launches `num_generations` root episodes per task, with an
+A node is the state right after a tool observation (on Search-QA, after a `search[...]` step; the node rule, the
+gains and the selection are the pure functions of this module, the leaf weights and advantages are
+`trl_agents.credit.igrpo`). Round 1 launches `num_generations` root episodes per task, with an
 environment snapshot before every action. Every time no episode is active:
 
 1. the gold-answer likelihood p(a* | h) of every node not scored yet, of every task, in ONE batched no-grad forward
@@ -21,32 +22,176 @@ round on `expansion_factor` fresh root episodes instead. The rollout ends when e
 episodes (leaves: each episode is one root-to-leaf path; infrastructure-failed ones count, they cost compute); the
 last call scores the nodes of the last round, so that every node on every path carries its likelihood for credit.
 
-Example:
+A *node* is recorded as step j of a trajectory whose step j − 1 was a valid action the episode went on after
+(`is_node_step`); the node's history h_j is step j's prompt. The root (step 0's prompt: the question, nothing
+retrieved) is the reference state. With a* the gold answer (as the action `answer[a*]`, K tokens), [D] below the
+abstract (docs/methods/igrpo.md):
+
+    p(h)      = exp( 1/K · Σ_k log π_θ(a*_k | h, a*_<k) )                  gold-answer likelihood (IGPO)
+    I(n)      = p(h_n) − p(h_parent(n))                                    information gain of node n
+                parent(n): the previous node on the path, the root for the first one
+    P(pick n) = softmax_n( I(n) / T_I )  over the frontier (T_I = 0.1)     budgeted expansion
+    strikes   = consecutive expansion rounds at which n was a candidate with I(n) ≤ 0; 2 strikes: suppressed
+
+Softmaxes subtract the maximum (no overflow for any finite gain or temperature); non-finite likelihoods raise a
+ValueError.
+
+Example (the acceptance case: a frontier with gains [0.3, 0.0, −0.1] at T_I = 0.1):
     >>> from trl_agents.rollout.topologies import get_topology
     >>> topology = get_topology("info_gain", leaf_budget=6, expansion_factor=2)
     >>> topology.begin([{"seed": 0}], num_generations=2)
     [Launch(task_index=0, count=2)]
+    >>> [round(p, 4) for p in selection_probabilities([0.3, 0.0, -0.1], temperature=0.1)]
+    [0.9362, 0.0466, 0.0171]
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from ...credit.igrpo import (
-    GOLD_LIKELIHOOD,
-    check_temperature,
-    is_node_step,
-    node_indices,
-    node_likelihood,
-    sample_index,
-    selection_probabilities,
-    update_strikes,
-)
 from ...trajectory import Group, Step, Trajectory
 from .base import Fork, Launch, Request, RolloutView, Topology
+
+GOLD_LIKELIHOOD = "gold_likelihood"
+"""The model signal holding p(a* | step prompt) on the node steps (`trainers/igrpo.py` registers it)."""
+
+
+# ---- nodes and their information gain (pure) -------------------------------------------------------------------------
+
+
+def gold_likelihood(logps: Sequence[float]) -> float:
+    """p = exp(mean_k log π(a*_k | h, a*_<k)), the geometric-mean token probability of the gold answer (IGPO).
+    0.0 for no tokens (no evidence for the answer).
+
+    >>> round(gold_likelihood([math.log(0.5), math.log(0.125)]), 4)  # exp((ln 0.5 + ln 0.125)/2) = sqrt(1/16)
+    0.25
+    """
+    if not len(logps):
+        return 0.0
+    return math.exp(sum(float(v) for v in logps) / len(logps))
+
+
+def is_node_step(step: Step) -> bool:
+    """Whether the state after `step` is a node: the action was valid and the episode went on (a tool call whose
+    observation follows; on Search-QA every such step is a `search[...]`; `answer[...]` ends the episode)."""
+    return bool(step.valid) and not step.done
+
+
+def node_indices(trajectory: Trajectory, is_node: Callable[[Step], bool] = is_node_step) -> list[int]:
+    """The steps j of `trajectory` whose prompt is a node's history: 0 (the root) and every j ≥ 1 whose step j − 1
+    is a node step. The state after the last step has no recorded prompt, so it is not a node.
+
+    >>> steps = [Step("o0", "search[a]"), Step("o1", "jump", valid=False), Step("o2", "search[b]"),
+    ...          Step("o3", "answer[x]", done=True)]
+    >>> node_indices(Trajectory(task={}, steps=steps))  # after the two searches: steps 1 and 3
+    [0, 1, 3]
+    """
+    if not trajectory.steps:
+        return []
+    return [0] + [j for j in range(1, len(trajectory.steps)) if is_node(trajectory.steps[j - 1])]
+
+
+def node_likelihood(step: Step, signal: str = GOLD_LIKELIHOOD) -> float:
+    """The gold-answer likelihood recorded on a node step (`step.signals[signal]`), checked finite."""
+    if signal not in step.signals:
+        raise ValueError(
+            f"IGRPO needs step.signals[{signal!r}] on every node step (the gold-answer likelihood after a tool "
+            "observation): run the 'info_gain' topology, which computes it mid-rollout."
+        )
+    value = float(step.signals[signal])
+    if not math.isfinite(value):
+        raise ValueError(f"step.signals[{signal!r}] must be a finite likelihood, got {value}")
+    return value
+
+
+def path_information(
+    trajectory: Trajectory, signal: str = GOLD_LIKELIHOOD, is_node: Callable[[Step], bool] = is_node_step
+) -> list[tuple[int, float]]:
+    """(j, I) for every non-root node of the path: I = p(h_j) − p(previous node on the path, or the root).
+
+    >>> steps = [Step("o0", "search[a]", signals={"gold_likelihood": 0.1}),
+    ...          Step("o1", "search[b]", signals={"gold_likelihood": 0.4}),
+    ...          Step("o2", "answer[x]", done=True, signals={"gold_likelihood": 0.3})]
+    >>> [(j, round(i, 4)) for j, i in path_information(Trajectory(task={}, steps=steps))]  # 0.4 − 0.1, 0.3 − 0.4
+    [(1, 0.3), (2, -0.1)]
+    """
+    nodes = node_indices(trajectory, is_node)
+    steps = trajectory.steps
+    return [(j, node_likelihood(steps[j], signal) - node_likelihood(steps[previous], signal))
+            for previous, j in pairwise(nodes)]
+
+
+# ---- budgeted expansion ------------------------------------------------------------------------------------------
+
+
+def softmax(values: Sequence[float], temperature: float) -> list[float]:
+    """softmax(v / T) with the maximum subtracted (no overflow); [] for no values.
+
+    >>> softmax([1000.0, 1000.0], temperature=0.1)
+    [0.5, 0.5]
+    """
+    check_temperature(temperature)
+    if not len(values):
+        return []
+    scaled = [float(v) / temperature for v in values]
+    if not all(math.isfinite(v) for v in scaled):
+        raise ValueError(f"softmax needs finite values, got {list(values)} at temperature {temperature}")
+    top = max(scaled)
+    exps = [math.exp(v - top) for v in scaled]  # the largest term is exp(0) = 1: the sum is in [1, n]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def selection_probabilities(gains: Sequence[float], temperature: float = 0.1) -> list[float]:
+    """P(pick n) = softmax(I(n)/T_I) over the frontier's gains.
+
+    >>> [round(p, 4) for p in selection_probabilities([0.3, 0.0, -0.1])]  # e^3, e^0, e^-1 over 21.4534
+    [0.9362, 0.0466, 0.0171]
+    """
+    return softmax(gains, temperature)
+
+
+def sample_index(probabilities: Sequence[float], u: float) -> int:
+    """The index whose cumulative-probability interval holds u ∈ [0, 1) (inverse CDF; the last index absorbs
+    rounding).
+
+    >>> sample_index([0.9362, 0.0466, 0.0171], 0.95), sample_index([0.9362, 0.0466, 0.0171], 0.1)
+    (1, 0)
+    """
+    if not len(probabilities):
+        raise ValueError("sample_index needs at least one probability")
+    running = 0.0
+    for index, p in enumerate(probabilities):
+        running += p
+        if u < running:
+            return index
+    return len(probabilities) - 1
+
+
+def update_strikes(strikes: int, gain: float, suppress_after: int = 2) -> tuple[int, bool]:
+    """One expansion round for a frontier candidate: (new strike count, suppressed). A round with I ≤ 0 adds a
+    strike, a round with I > 0 clears them; `suppress_after` consecutive strikes suppress the node for good.
+
+    >>> update_strikes(0, 0.0), update_strikes(1, -0.2), update_strikes(1, 0.05)
+    ((1, False), (2, True), (0, False))
+    """
+    if suppress_after < 1:
+        raise ValueError(f"suppress_after must be >= 1, got {suppress_after}")
+    strikes = strikes + 1 if gain <= 0.0 else 0
+    return strikes, strikes >= suppress_after
+
+
+def check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+                                             and temperature > 0):
+        raise ValueError(f"the information-gain temperature T_I must be a finite number > 0, got {temperature!r}")
+
+
+# ---- the topology ----------------------------------------------------------------------------------------------------
 
 
 class InfoGainTopology(Topology):
@@ -60,7 +205,7 @@ class InfoGainTopology(Topology):
         expansions_per_round: Nodes drawn per task and round (with replacement; a node drawn twice gets 2k children).
         seed: Seed of the selection's draws (each task's draws are seeded by the seed, the rollout's number and the
             task, whatever other tasks the rollout holds).
-        is_node: Which steps lead to a node (`credit.igrpo.is_node_step`: a valid step the episode went on after).
+        is_node: Which steps lead to a node (`is_node_step`: a valid step the episode went on after).
     """
 
     name = "info_gain"

@@ -23,6 +23,10 @@ when the budget is nearly spent. When every episode has ended with fewer than B 
 `tau_prune` are not used), or new roots when there is no such node. Infrastructure-failed episodes count towards B
 (they cost compute) and are not trained on.
 
+The rules are pure functions of this module ([D] thresholds: `update_streak`, `degenerate_reason`,
+`choose_expansions`, `spread`); the process scorers (solver progress, judge, reward model, a callable) are those of
+`trl_agents/judges.py`; the credit, GRPO over the B leaves, is `trl_agents/credit/patr.py`.
+
 Example:
     >>> from trl_agents.rollout.topologies import get_topology
     >>> topology = get_topology("patr", scorer=lambda trajectories: [0.5] * len(trajectories), branch_factor=2)
@@ -35,21 +39,80 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...credit.patr import (
-    PRUNED,
-    SCORE,
-    CallableScorer,
-    choose_expansions,
-    degenerate_reason,
-    spread,
-    update_streak,
-)
+from ...judges import CallableScorer
 from ...trajectory import Trajectory
 from .base import Fork, Launch, Request, RolloutView, Stop, Topology
 
+SCORE = "patr_score"  # step.signals[SCORE]: q of the partial trajectory that ends with this step
+PRUNED = "patr_pruned"  # step.signals[PRUNED] on a pruned path's last step: why it was pruned (credit reads it)
+PRUNE_REASONS = ("low_score", "repeated_action", "invalid_actions")
 EXPAND_FROM = ("next_state", "last_action")
 STAT_NAMES = ("leaves_per_task", "expansions_per_task", "pruned_per_task", "filled_per_task",
               "scored_nodes_per_task", "mean_score", "unscored_fraction")
+
+
+# ---- expansion and pruning rules (pure) ------------------------------------------------------------------------------
+
+
+def update_streak(streak: int, q: float | None, tau_prune: float) -> int:
+    """Consecutive scored turns with q < τ_prune: +1 on a low score, 0 on any other score, unchanged on None.
+
+    >>> [update_streak(1, q, 0.2) for q in (0.1, 0.2, None)]
+    [2, 0, 1]
+    """
+    if q is None:
+        return streak
+    return streak + 1 if q < tau_prune else 0
+
+
+def degenerate_reason(trajectory: Trajectory, low_streak: int, patience: int, repeat_limit: int) -> str | None:
+    """Why a path is degenerate (pruned), or None: "low_score" (q < τ_prune for `patience` consecutive turns),
+    "repeated_action" (its last `repeat_limit` actions the same text in the same observation; 0 turns the rule off)
+    or "invalid_actions" (its last `patience` actions rejected by the environment).
+
+    >>> from trl_agents.trajectory import Step, Trajectory
+    >>> loop = Trajectory(task={}, steps=[Step("o", "up")] * 3)
+    >>> degenerate_reason(loop, 0, 2, 3), degenerate_reason(loop, 2, 2, 3), degenerate_reason(loop, 0, 2, 0)
+    ('repeated_action', 'low_score', None)
+    >>> degenerate_reason(Trajectory(task={}, steps=[Step("o", "x", valid=False), Step("p", "y", valid=False)]), 0, 2, 3)
+    'invalid_actions'
+    """
+    if low_streak >= patience:
+        return "low_score"
+    steps = trajectory.steps
+    if repeat_limit >= 2 and len(steps) >= repeat_limit:
+        last = steps[-repeat_limit:]
+        if all(" ".join(s.action_text.split()) == " ".join(last[0].action_text.split())
+               and s.observation == last[0].observation for s in last):
+            return "repeated_action"
+    if len(steps) >= patience and all(not s.valid for s in steps[-patience:]):
+        return "invalid_actions"
+    return None
+
+
+def choose_expansions(nodes: Sequence[tuple[float | None, int]], tau_expand: float, top_k: int) -> list[int]:
+    """The nodes to expand: those with q ≥ τ_exp, best first (ties: the lower id), at most `top_k`.
+
+    Args:
+        nodes: (q, node id) of the candidates (q None: not scored, never expanded).
+
+    >>> choose_expansions([(0.7, 0), (0.9, 1), (0.3, 2), (None, 3), (0.9, 4)], 0.6, 2)
+    [1, 4]
+    """
+    ranked = sorted((-q, node) for q, node in nodes if q is not None and q >= tau_expand)
+    return [node for _, node in ranked[:top_k]]
+
+
+def spread(count: int, slots: int) -> list[int]:
+    """`count` new leaves over `slots` nodes, round robin, best node first.
+
+    >>> spread(5, 2), spread(1, 3), spread(0, 2)
+    ([3, 2], [1, 0, 0], [0, 0])
+    """
+    return [count // slots + (i < count % slots) for i in range(slots)] if slots else []
+
+
+# ---- the topology ----------------------------------------------------------------------------------------------------
 
 
 class PATRTopology(Topology):
@@ -57,7 +120,7 @@ class PATRTopology(Topology):
 
     Args:
         scorer: `scorer(trajectories) -> scores`, one q ∈ [0, 1] (or None: no score) per partial trajectory; a
-            scorer of `trl_agents.credit.patr` or any callable (wrapped in `CallableScorer`). None: set
+            process scorer of `trl_agents.judges` or any callable (wrapped in `CallableScorer`). None: set
             `topology.scorer` before the first rollout (the PATR trainer does).
         budget: B, leaves per task; None = `num_generations`.
         roots: n₀, episodes started from the task's initial state.
@@ -158,7 +221,7 @@ class PATRTopology(Topology):
                                                                    self.tau_prune)
             reason = degenerate_reason(trajectory, streak, self.prune_patience, self.repeat_limit)
             if reason is not None:
-                trajectory.steps[-1].signals[PRUNED] = reason  # kept as a failed leaf (credit.patr.leaf_return)
+                trajectory.steps[-1].signals[PRUNED] = reason  # a failed leaf (credit.patr.leaf_return)
                 self.pruned[index].append((trajectory.episode_id, reason))
                 requests.append(Stop(index, trajectory.episode_id))
             else:

@@ -27,7 +27,7 @@ Decisions read the trainer's persistent table (`table`, set by `SSPOTrainer`) pl
 finished so far, on a copy: the trainer's table itself is updated after the rollout's credit (the credit reads it as
 it stood before the batch). R_3SPO of a sibling needs h(s'), the state its action reached: the key the `state_key`
 signal recorded after the action (`SSPOTrainer` declares it), scored from the table as the 3SPO code does
-(`credit.sspo.next_state`); without that signal, s' is recognised by its observation among the states this task's
+(`next_state`); without that signal, s' is recognised by its observation among the states this task's
 episodes acted from in this rollout, and otherwise follows `terminal_score` (S(s') := S(s) for "current", 1 for
 "unseen"). The explored-action
 sets live for one rollout and one task (the 3SPO code keeps one global set, which would leave nothing to explore
@@ -46,13 +46,268 @@ Example (a stub table where every state scores 0.3: n = ⌈8·0.3⌉ = 3):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import json
+import math
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...credit.sspo import TERMINAL_SCORES, StateScoreTable, next_state, state_identity, transition_reward
-from ...trajectory import Group, Trajectory
+from ...fileio import atomic_write
+from ...trajectory import Group, Step, Trajectory
 from .base import Fork, Hold, Launch, Request, RolloutView, Stop, Topology
+
+SCOPES = ("task", "global")
+TERMINAL_SCORES = ("current", "unseen")
+TABLE_FORMAT = "trl-agents/3spo-state-scores/v1"
+
+
+# ---- the state-score table (Eq. 1-3) and the transition reward (Eq. 2), shared with the credit -----------------------
+
+
+def state_identity(step: Step) -> Hashable:
+    """h(s_t): the step's `state_key`, or its observation text when the environment has no state keys."""
+    return step.state_key if step.state_key is not None else step.observation
+
+
+@dataclass
+class StateScoreTable:
+    """The persistent visit statistics of 3SPO and the scores derived from them (Eq. 1-3).
+
+    Keys are strings: `repr(h(s))` with `scope="global"` (states shared across tasks, as the 3SPO code hashes the
+    anchor observation), or `json.dumps([task_id, repr(h(s))])` with `scope="task"`. `repr` must be deterministic
+    for the environment's state keys (tuples, ints and strings are).
+
+    Args:
+        alpha: α of λ(t) = α·log t.
+        xi, zeta: ξ and ζ of the indicator 1{N_fail < ξ ∨ SR > ζ}.
+        omega_k: ω_k of ω(N) = 0.5·exp(−ω_k·N).
+        eps: ε of SR = N⁺ / (N + ε).
+        scope: "task" or "global" (see above).
+        counts: key -> [N(s), N⁺(s)].
+        t: 1 + the number of finished episodes counted. Saved with the table: the 3SPO code recomputes it on load as
+            1 + Σ_s N(s), which disagrees with its own increment of 1 per episode; we keep the per-episode counter.
+
+    Example:
+        >>> from trl_agents.trajectory import Group, Step, Trajectory
+        >>> table = StateScoreTable(alpha=1.0, scope="global")
+        >>> won = Trajectory(task={}, steps=[Step("s0", "a"), Step("s1", "b")], success=True)
+        >>> lost = Trajectory(task={}, steps=[Step("s0", "a"), Step("s2", "c")])
+        >>> table.update([Group(task={}, trajectories=[won, lost])])
+        2
+        >>> table.visits("s0"), table.successes("s0"), table.t
+        (2, 1, 3)
+        >>> round(table.score("s0"), 4), round(table.score("s2"), 4), table.score("never seen")  # exp(-log 3 · SR)
+        (0.5774, 1.0, 1.0)
+    """
+
+    alpha: float = 50.0
+    xi: float = 10.0
+    zeta: float = 0.1
+    omega_k: float = 0.1
+    eps: float = 1e-6
+    scope: str = "task"
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    t: int = 1
+
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, got {self.scope!r}")
+        for name in ("alpha", "xi", "zeta", "omega_k"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        if not (isinstance(self.t, int) and self.t >= 1):
+            raise ValueError(f"t must be an int >= 1, got {self.t!r}")
+
+    # ---- lookups ---------------------------------------------------------------------------------------------------
+
+    def key(self, state: Hashable, task_id: str | None = None) -> str:
+        """The table key of state h(s) (of task `task_id` when the scope is "task")."""
+        if self.scope == "global":
+            return repr(state)
+        if task_id is None:
+            raise ValueError("a table with scope='task' needs the task_id of the state")
+        return json.dumps([task_id, repr(state)])
+
+    def visits(self, state: Hashable, task_id: str | None = None) -> int:
+        """N(s): finished episodes that visited s."""
+        return self.counts.get(self.key(state, task_id), (0, 0))[0]
+
+    def successes(self, state: Hashable, task_id: str | None = None) -> int:
+        """N⁺(s): successful finished episodes that visited s."""
+        return self.counts.get(self.key(state, task_id), (0, 0))[1]
+
+    def score(self, state: Hashable, task_id: str | None = None) -> float:
+        """S(s), Eq. 1: 1 for an unseen state, else exp(−α·log t·SR(s)) when N_fail(s) < ξ or SR(s) > ζ, else 0."""
+        return self.score_of_key(self.key(state, task_id))
+
+    def omega(self, state: Hashable, task_id: str | None = None) -> float:
+        """ω(N(s)) = 0.5·exp(−ω_k·N(s)), the weight of the novelty term of Eq. 2."""
+        return self.omega_of_key(self.key(state, task_id))
+
+    def score_of_key(self, key: str) -> float:
+        """S(s) of a table key (see `score`)."""
+        visits, wins = self.counts.get(key, (0, 0))
+        if visits == 0:
+            return 1.0
+        rate = wins / (visits + self.eps)  # SR(s)
+        if not (visits - wins < self.xi or rate > self.zeta):
+            return 0.0
+        return math.exp(-self.alpha * math.log(self.t) * rate)
+
+    def omega_of_key(self, key: str) -> float:
+        """ω(N(s)) of a table key (see `omega`)."""
+        return 0.5 * math.exp(-self.omega_k * self.counts.get(key, (0, 0))[0])
+
+    def num_rollouts(self, state: Hashable, task_id: str | None = None, g_max: int = 8) -> int:
+        """n(s) = ceil(G_max·S(s)), Eq. 3: siblings to branch from s (0: truncate; 1: continue without update)."""
+        return allocated_rollouts(self.score(state, task_id), g_max)
+
+    def copy(self) -> StateScoreTable:
+        """An independent copy (same hyperparameters, copied statistics)."""
+        return StateScoreTable(alpha=self.alpha, xi=self.xi, zeta=self.zeta, omega_k=self.omega_k, eps=self.eps,
+                               scope=self.scope, counts={k: list(v) for k, v in self.counts.items()}, t=self.t)
+
+    # ---- updates ---------------------------------------------------------------------------------------------------
+
+    def episode_record(
+        self, trajectory: Trajectory, task_id: str, cache: dict[Hashable, str] | None = None
+    ) -> tuple[list[str], bool]:
+        """(distinct keys of the states the episode acted from, success): what `update` counts for one episode.
+        `cache` (state -> key, for one task) saves recomputing keys of states shared by episodes."""
+        cache = {} if cache is None else cache
+        keys = []
+        for state in dict.fromkeys(state_identity(step) for step in trajectory.steps):
+            key = cache.get(state)
+            if key is None:
+                key = cache[state] = self.key(state, task_id)
+            keys.append(key)
+        return keys, bool(trajectory.success)
+
+    def group_records(self, group: Group, skip: Collection[int] = ()) -> list[tuple[list[str], bool]]:
+        """`episode_record` of every episode of `group` that has steps, except the trajectories whose `id()` is in
+        `skip` (e.g. the unfinished siblings a `state_score` search left on its frontier)."""
+        task_id, cache = group.task_id, {}
+        return [
+            self.episode_record(traj, task_id, cache) for traj in group.trajectories
+            if traj.steps and not traj.failed and id(traj) not in skip
+        ]
+
+    def update(self, groups: Iterable[Group]) -> int:
+        """Count every episode with at least one step: N(s) += 1 (and N⁺(s) += 1 if it succeeded) for each distinct
+        state it acted from, t += 1 per episode (3SPO `update_statistics`). Returns the number of episodes counted."""
+        return self.update_records([record for group in groups for record in self.group_records(group)])
+
+    def update_records(self, records: Iterable[tuple[Sequence[str], bool]]) -> int:
+        """`update` from `episode_record`s (e.g. gathered from several processes)."""
+        count = 0
+        for keys, success in records:
+            for key in keys:
+                entry = self.counts.setdefault(key, [0, 0])
+                entry[0] += 1
+                entry[1] += int(bool(success))
+            self.t += 1
+            count += 1
+        return count
+
+    # ---- persistence -----------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "format": TABLE_FORMAT,
+            "scope": self.scope,
+            "t": self.t,
+            "hyperparameters": {"alpha": self.alpha, "xi": self.xi, "zeta": self.zeta, "omega_k": self.omega_k,
+                                "eps": self.eps},
+            "counts": self.counts,
+        }
+
+    def save(self, path: str) -> None:
+        """Write the table as JSON (via a temporary file, so a crash never leaves half a table)."""
+        atomic_write(path, json.dumps(self.to_dict()))
+
+    def load_counts(self, path: str) -> None:
+        """Replace the statistics (counts and t) by those saved at `path`; the hyperparameters stay this table's."""
+        with open(path) as handle:
+            data = json.load(handle)
+        if data.get("format") != TABLE_FORMAT:
+            raise ValueError(f"{path} is not a 3SPO state-score table (format {data.get('format')!r})")
+        if data["scope"] != self.scope:
+            raise ValueError(
+                f"{path} holds a table with scope={data['scope']!r} but this run uses scope={self.scope!r}; its "
+                "keys cannot be reused. Set state_scope to the saved value or start from an empty table."
+            )
+        self.counts = {str(k): [int(v[0]), int(v[1])] for k, v in data["counts"].items()}
+        self.t = int(data["t"])
+
+
+def allocated_rollouts(score: float, g_max: int = 8) -> int:
+    """n = ceil(G_max·S), Eq. 3: 0 truncates, 1 continues, n ≥ 2 branches n siblings.
+
+    >>> [allocated_rollouts(s, 8) for s in (1.0, 0.3, 0.01, 0.0)]  # ⌈8⌉, ⌈2.4⌉, ⌈0.08⌉, ⌈0⌉
+    [8, 3, 1, 0]
+    """
+    return math.ceil(g_max * score)
+
+
+def transition_reward(
+    table: StateScoreTable,
+    state: Hashable,
+    next_state: Hashable | None,
+    success: bool,
+    task_id: str | None = None,
+    *,
+    valid: bool = True,
+    terminal_score: str = "current",
+) -> float:
+    """R_3SPO(s_t, s_{t+1}) of one transition (Eq. 2); `next_state` None: s_{t+1} unknown, so R_novel = 1[valid] and
+    S(s_{t+1}) := S(s_t) ("current") or 1 ("unseen").
+
+    >>> table = StateScoreTable(scope="global")  # empty: S = 1, ω = 0.5 everywhere
+    >>> transition_reward(table, "s0", "s1", False), transition_reward(table, "s0", "s0", False)
+    (0.5, 0.0)
+    >>> transition_reward(table, "s0", None, True)  # 0.5·1[valid] + 0 + 0.5·success
+    1.0
+    """
+    key = table.key(state, task_id)
+    score, omega = table.score_of_key(key), table.omega_of_key(key)
+    if next_state is None:
+        is_novel = float(valid)
+        next_score = score if terminal_score == "current" else 1.0
+    else:
+        is_novel = float(next_state != state)
+        next_score = table.score(next_state, task_id)
+    return omega * is_novel + (0.5 - omega) * (score - next_score) + 0.5 * float(success)
+
+
+STATE_KEY_SIGNAL = "state_key"  # the env signal Transition(key(s_t), key(s_t+1)) (trl_agents.signals.env)
+
+
+def next_state(step: Step, observed: dict[str, Hashable] | None = None) -> Hashable | None:
+    """h(s_{t+1}) of an episode's last `step`: the `state_key` signal's `after` key; for an environment without
+    state keys, the returned observation; else (nothing recorded) the state that some episode of the group acted
+    from with that observation (`observed`, `credit.sspo.observation_states`); None when unknown.
+
+    >>> from trl_agents.signals import Transition
+    >>> step = Step("o", "a", state_key=(0, 1))
+    >>> step.signals["state_key"] = Transition((0, 1), (0, 2))
+    >>> next_state(step), next_state(Step("o", "a", next_observation="o2")), next_state(Step("o", "a", state_key=1))
+    ((0, 2), 'o2', None)
+    """
+    recorded = step.signals.get(STATE_KEY_SIGNAL)
+    if recorded is not None:
+        after = recorded[1]
+        return tuple(after) if isinstance(after, list) else after  # a tuple key reloaded from the records
+    if step.state_key is None:
+        return step.next_observation
+    if observed is not None and step.next_observation is not None:
+        return observed.get(step.next_observation)
+    return None
+
+
+# ---- the topology ----------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -247,7 +502,7 @@ class StateScoreTopology(Topology):
 
     def _reward(self, group: Group, trajectory: Trajectory, step: int, observed: dict[str, Hashable]) -> float:
         """R_3SPO of `trajectory`'s action at `step` from the rollout's table (next state: its next step's, else the
-        one its action reached, `credit.sspo.next_state`, else the `terminal_score` rule)."""
+        one its action reached, `next_state`, else the `terminal_score` rule)."""
         recorded = trajectory.steps[step]
         if step + 1 < len(trajectory.steps):
             reached = state_identity(trajectory.steps[step + 1])

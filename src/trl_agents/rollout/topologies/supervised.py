@@ -11,7 +11,8 @@ The GT of a task comes from its environment (`ground_truth_turns`): reset on the
 first action of the solver's `optimal_plan()` or, without a solver, of `expert_plan()` (Search-QA), replayed until
 the episode ends. A task without GT (no plan) gets ordinary rollouts in place of its supervised ones
 (`topology/no_ground_truth_fraction`). Hints come from a task column (`hint_column`) when given, else from the GT
-plan with `credit.toolrl.plan_hint`'s template. Plans are cached per task.
+plan with `plan_hint`'s template. Plans are cached per task. The composition (`group_composition`) and the hint
+(`plan_hint`) are pure functions of this module; the Tool-RL loss and task selection are `trl_agents.credit.toolrl`.
 
 Example:
     >>> from trl_agents.rollout.topologies import get_topology
@@ -28,10 +29,59 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ...credit.toolrl import DEFAULT_HINT_TEMPLATE, group_composition, plan_hint
 from ...envs.base import has_plans, plan_of
 from ...trajectory import task_id
 from .base import Launch, Request, RolloutView, Topology
+
+
+# ---- the group composition and the hint (pure) -----------------------------------------------------------------------
+
+
+DEFAULT_HINT_TEMPLATE = (
+    "A note that may help (you need not follow it): a good sequence of tool calls for this task is {plan}."
+)
+"""Our choice of HBG hint wording (the paper's hints are LLM-written summaries of the GT tool-call pattern)."""
+
+
+def group_composition(num_generations: int, replace_num: int = 0, hint_num: int = 0) -> tuple[int, int, int]:
+    """(ordinary, teacher-forced, hinted) rollouts of a group of `num_generations`.
+
+    The paper's OPS forces 1 of 8 rollouts, HBG hints 2 of 8; at least one rollout stays ordinary (on-policy).
+
+    >>> group_composition(8, replace_num=1)           # OPS: 7 sampled + 1 on the GT actions
+    (7, 1, 0)
+    >>> group_composition(8, replace_num=1, hint_num=2)  # both: 8 − 1 − 2 = 5 ordinary
+    (5, 1, 2)
+    >>> group_composition(8, replace_num=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of num_generations=8, got 8 + 0
+    """
+    for name, value in (("toolrl_replace_num", replace_num), ("toolrl_hint_num", hint_num)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if replace_num + hint_num > num_generations - 1:
+        raise ValueError(
+            f"toolrl_replace_num + toolrl_hint_num must leave at least one ordinary rollout of "
+            f"num_generations={num_generations}, got {replace_num} + {hint_num}"
+        )
+    return num_generations - replace_num - hint_num, replace_num, hint_num
+
+
+def plan_hint(plan: Sequence[str], template: str = DEFAULT_HINT_TEMPLATE) -> str:
+    """The HBG hint of a task from its GT plan (our template; `{plan}` is replaced by the actions joined by " then ").
+
+    >>> plan_hint(["search[Meshar Vohais born]", "answer[Kibelburg]"])
+    'A note that may help (you need not follow it): a good sequence of tool calls for this task is search[Meshar Vohais born] then answer[Kibelburg].'
+    """
+    actions = [str(a) for a in plan if str(a).strip()]
+    if not actions:
+        raise ValueError("a hint needs a non-empty ground-truth plan (the environment returned no actions)")
+    if "{plan}" not in template:
+        raise ValueError(f"toolrl_hint_template must contain '{{plan}}', got {template!r}")
+    return template.replace("{plan}", " then ".join(actions))
+
+
 
 
 def ground_truth_turns(

@@ -1,4 +1,5 @@
-"""LLMZero (Fang et al. 2026, arXiv 2606.18388; docs/methods/llmzero.md): the pure logic of a strategy controller.
+"""LLMZero's strategy controller (Fang et al. 2026, arXiv 2606.18388; docs/methods/llmzero.md): its settings and its
+pure logic.
 
 LLMZero searches over *training strategies*: a tree whose nodes are training stages (a checkpoint, the config it was
 trained with, its metrics and its held-out score). At a checkpoint it diagnoses the stage's metrics into named
@@ -7,8 +8,9 @@ checkpoint and picks where to go next by UCB or best-first under a budget of sta
 here as a constraint: *capacity* parameters (max_completion_length, num_generations, learning_rate) never decrease
 along a path, *regularisation* parameters (beta, epsilon, epsilon_high, temperature, entropy_coef) move either way.
 
-This module holds what can be computed without a model (the outer loop that trains and evaluates is
-`trl_agents/search.py`):
+This module holds the controller's settings (`SearchArguments`) and what can be computed without a model (the outer
+loop that trains and evaluates is `trl_agents/search.py`; the `llmzero` trainer, `trainers/llmzero.py`, trains one
+stage and needs nothing from that loop):
 
 1. `summarise(history)`: a stage's `trainer.state.log_history` reduced to a few numbers (reward trend, entropy and its
    drop, KL, clip fraction, truncation / length at the token cap, fraction of zero-std groups);
@@ -41,7 +43,10 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from .credit.base import check_choice
 
 CAPACITY_PARAMS = ("max_completion_length", "num_generations", "learning_rate")
 """Capacity parameters: never decrease along a path of the search tree (the paper's finding, enforced)."""
@@ -541,3 +546,106 @@ def proposals_from_text(text: str | None) -> list[dict[str, Any]]:
 
 
 Proposer = Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]]
+
+
+# ---- the controller's settings ---------------------------------------------------------------------------------------
+
+SCORE_METRICS = ("success_rate", "episode_return", "valid_action_rate")
+"""Held-out metrics a search may maximise (the evaluator's metrics where higher is better)."""
+PROPOSERS = ("rules", "llm")
+
+
+@dataclass
+class SearchArguments:
+    """The controller's settings (LLMZero): how long a stage is, how wide and how far the tree grows, how it picks,
+    and who proposes. `LLMZeroConfig` has them too; `trl-agents search` adds them to any method's config."""
+
+    stage_steps: int = field(
+        default=50,
+        metadata={"help": "S, RL steps per stage: each child trains this many steps from its parent's checkpoint; "
+        "it replaces max_steps in every stage (our choice: 50, the paper's stage length is not known to us; "
+        "docs/methods/llmzero.md)."},
+    )
+    children_per_node: int = field(
+        default=3,
+        metadata={"help": "K, coordinated transitions proposed at a trained node (our choice: 3)."},
+    )
+    search_budget: int = field(
+        default=10,
+        metadata={"help": "Stages trained in all, the root stage included (our choice: the paper matches the budget "
+        "to a grid search's compute; `--stages` on `trl-agents search`)."},
+    )
+    ucb_c: float = field(
+        default=1.0,
+        metadata={"help": "c of UCB, score + c·sqrt(ln N_parent / N_child) (our choice: 1.0; 0 = greedy on the "
+        "backed-up score)."},
+    )
+    search_selection: str = field(
+        default="ucb",
+        metadata={"help": "'ucb' (descend by UCB, an unvisited child first) or 'best_first' (grow the best trained "
+        "node)."},
+    )
+    search_backup: str = field(
+        default="max",
+        metadata={"help": "A node's value: 'max' or 'mean' of the held-out scores in its subtree (our choice: max, "
+        "the search looks for the best strategy)."},
+    )
+    search_metric: str = field(
+        default="success_rate",
+        metadata={"help": "Held-out metric a stage is scored by: success_rate, episode_return or valid_action_rate "
+        "(our choice: success_rate; the eval split of RunArguments)."},
+    )
+    proposer: str = field(
+        default="rules",
+        metadata={"help": "Who proposes the transitions: 'rules' (the built-in diagnosis rules, no model) or 'llm' "
+        "(an OpenAI-compatible endpoint at `proposer_url`; our choice of default: rules, runs offline)."},
+    )
+    proposer_url: str | None = field(
+        default=None, metadata={"help": "Base URL of the OpenAI-compatible proposer (e.g. http://localhost:8000)."}
+    )
+    proposer_model: str | None = field(
+        default=None, metadata={"help": "Served model name of the proposer (None: the first one it lists)."}
+    )
+    proposer_timeout: float = field(default=120.0, metadata={"help": "Seconds one proposer request may take."})
+    proposer_max_tokens: int = field(default=1024, metadata={"help": "Token budget of a proposer answer."})
+    capacity_params: list[str] = field(
+        default_factory=lambda: list(CAPACITY_PARAMS),
+        metadata={"help": "Searched capacity parameters (config fields): never decrease along a path [P]."},
+    )
+    regularisation_params: list[str] = field(
+        default_factory=lambda: list(REGULARISATION_PARAMS),
+        metadata={"help": "Searched regularisation parameters (config fields): move either way [P]."},
+    )
+    search_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where search_tree.json and the stages (nodes/<id>/) go (None: output_dir)."},
+    )
+
+    def __post_init__(self):
+        self.check_search()
+
+    def check_search(self) -> None:
+        """One-line ValueErrors naming the field and the fix."""
+        for name in ("stage_steps", "children_per_node", "search_budget", "proposer_max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.ucb_c, int | float) and math.isfinite(self.ucb_c) and self.ucb_c >= 0):
+            raise ValueError(f"ucb_c must be a finite number >= 0, got {self.ucb_c!r}")
+        if not (isinstance(self.proposer_timeout, int | float) and self.proposer_timeout > 0):
+            raise ValueError(f"proposer_timeout must be a number of seconds > 0, got {self.proposer_timeout!r}")
+        check_choice("search_selection", self.search_selection, ("ucb", "best_first"))
+        check_choice("search_backup", self.search_backup, ("max", "mean"))
+        check_choice("search_metric", self.search_metric, SCORE_METRICS)
+        check_choice("proposer", self.proposer, PROPOSERS)
+        if self.proposer == "llm" and not self.proposer_url:
+            raise ValueError("proposer='llm' needs proposer_url (an OpenAI-compatible server, e.g. "
+                             "http://localhost:8000), or use proposer='rules'")
+        self.capacity_params = list(self.capacity_params or [])
+        self.regularisation_params = list(self.regularisation_params or [])
+        both = sorted(set(self.capacity_params) & set(self.regularisation_params))
+        if both:
+            raise ValueError(f"{', '.join(both)} listed in both capacity_params and regularisation_params: a parameter "
+                             "is either monotone (capacity) or free (regularisation)")
+        if not self.capacity_params and not self.regularisation_params:
+            raise ValueError("capacity_params and regularisation_params are both empty: name the parameters to search")
