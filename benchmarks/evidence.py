@@ -82,7 +82,7 @@ PREDICTIONS: list[tuple[str, str, str, str, str]] = [
 NON_INFERIORITY = 0.03  # 3 points of success
 
 
-# ---- statistics (pure functions; tests/test_evidence_stats.py checks them by hand) ---------------------------------
+# ---- statistics (pure functions; tests/project/test_evidence_stats.py checks them by hand) ---------------------------------
 
 
 def bootstrap_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:

@@ -3,9 +3,13 @@ puts this folder on sys.path, as for `envs_for_pools`)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import math
 import os
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -185,3 +189,95 @@ def two_scripted_frozenlake_steps(trainer_class, config_class, tiny_model, token
     for log in logs:
         assert log["env/success_rate"] == 0.5 and log["env/episode_length"] == 4.0
     return trainer, logs
+
+
+# ---- a loopback OpenAI-compatible judge (GRSD's and PATR's judge tests) -------------------------------------
+
+
+class JudgeServer:
+    """`/v1/models`, `/v1/chat/completions`, `/v1/completions` on 127.0.0.1. `mode`: "score" (answers cycle through
+    "Score: 1", "2", "3"), "garbage" (no number), "slow" (sleeps `delay` s first), "error" (HTTP 500)."""
+
+    def __init__(self, mode: str = "score", delay: float = 1.0):
+        self.mode, self.delay, self.requests = mode, delay, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": "loopback-judge", "object": "model"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append((self.path, payload))
+                if server.mode == "slow":
+                    time.sleep(server.delay)
+                if server.mode == "error":
+                    return self._send(500, {"error": "boom"})
+                answers = ["Score: 1", "2", "3"]
+                text = "I cannot tell." if server.mode == "garbage" else answers[len(server.requests) % 3]
+                if self.path == "/v1/chat/completions":
+                    self._send(200, {"choices": [{"message": {"role": "assistant", "content": text}}]})
+                elif self.path == "/v1/completions":
+                    self._send(200, {"choices": [{"text": text}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+        class Server(http.server.ThreadingHTTPServer):
+            request_queue_size = 64  # the judge connects up to 16 at once (socketserver's default backlog is 5)
+
+            def handle_error(self, request, client_address):
+                pass  # a client that timed out closed its socket before the slow answer: nothing to report
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# A tiny end-to-end `trl-agents train` run (the CLI's and the resume tests).
+TINY_RUN = {
+    "method": "gigpo",
+    "tiny_model": True,
+    "tiny_model_kwargs": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "vocab_size": 400},
+    "env_name": "frozenlake",
+    "num_train_tasks": 40,
+    "num_eval_tasks": 8,
+    "max_turns": 4,
+    "history_length": 0,
+    "system_prompt": "Walk from P to G. Avoid H.",
+    "max_completion_length": 3,
+    "warm_start_steps": 4,
+    "warm_start_tasks": 24,
+    "warm_start_val_tasks": 8,
+    "warm_start_eval_every": 2,
+    "warm_start_batch_size": 16,
+    "max_steps": 2,
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "logging_steps": 1,
+    "report_to": "none",
+    "save_strategy": "no",
+    "gradient_checkpointing": False,
+    "disable_tqdm": True,
+}

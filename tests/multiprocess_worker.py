@@ -1,4 +1,4 @@
-"""Worker of tests/test_multiprocess.py: two training steps of each case (method and settings) on the same 8 tasks
+"""Worker of tests/training/test_multiprocess.py: two training steps of each case (method and settings) on the same 8 tasks
 × G = 2 episodes, run with one process (`python tests/multiprocess_worker.py ...`) or several (`accelerate launch
 --config_file configs/accelerate/cpu_2proc.yaml tests/multiprocess_worker.py ...`).
 
@@ -39,7 +39,7 @@ ACTIONS = ("right", "left", "right", "wait")  # "wait" is invalid (the invalid-a
 # always hold one "right", so the G = 2 episodes of a task start differently
 
 # Case name -> (method, config overrides). Every method except dr_grpo (its loss is normalised per process, see
-# tests/test_multiprocess.py) and APPO (its split points rank z-scores of per-token entropies and log-probs from a
+# tests/training/test_multiprocess.py) and APPO (its split points rank z-scores of per-token entropies and log-probs from a
 # batched forward, and a batch padded differently on one process than on two moves those by ~1e-7, enough to
 # reorder near-equal tokens: the trees, not the arithmetic, differ) and IB-RL (it needs a two-role environment, and the
 # walk has one role; its per-role adapters switch between forwards, which DDP's one-pass gradient sync does not
@@ -73,7 +73,7 @@ CASES = {
     "dpepo": ("dpepo", {"env_name": "parallel", "history_length": 0, "max_completion_length": 24,
                         "env_kwargs": {"inner": "test-multiprocess-walk", "num_envs": 2}}),
 }
-# `TRL_AGENTS_MULTIPROCESS_CASES=patr,appo pytest tests/test_multiprocess.py` checks only those cases (while working on
+# `TRL_AGENTS_MULTIPROCESS_CASES=patr,appo pytest tests/training/test_multiprocess.py` checks only those cases (while working on
 # a method); the default is every case.
 if os.environ.get("TRL_AGENTS_MULTIPROCESS_CASES"):
     CASES = {name: CASES[name] for name in os.environ["TRL_AGENTS_MULTIPROCESS_CASES"].split(",")}

@@ -57,7 +57,7 @@ LEARNING_CURVE_NAME = "learning_curve.png"
 DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
 # Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
 BENCHMARK_NAMESPACE = "trl-agents"
-# Display names of `evaluation.EVAL_METRICS` (tests/test_hub.py checks that every metric has one).
+# Display names of `evaluation.EVAL_METRICS` (tests/io/test_hub.py checks that every metric has one).
 METRIC_NAMES = {
     "success_rate": "Success rate",
     "episode_return": "Mean episode return",

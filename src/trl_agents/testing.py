@@ -183,7 +183,7 @@ def tiny_training_config(config_class, output_dir, **overrides):
     return config_class(output_dir=str(output_dir), **{**TINY_TRAINING_SETTINGS, **overrides})
 
 
-# ---- an environment that misbehaves on purpose (the fault matrix: tests/test_faults.py, benchmarks/faults.py) ----
+# ---- an environment that misbehaves on purpose (the fault matrix: tests/rollout/test_faults.py, benchmarks/faults.py) ----
 
 FAULTS = ("raise", "hang", "exit", "nan_reward", "inf_reward", "str_reward", "none_observation", "list_info",
           "int_done")

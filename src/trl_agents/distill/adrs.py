@@ -261,7 +261,7 @@ def adrs_advantages(groups: Sequence[Group], params: ADRSParams) -> tuple[list[T
         teacher_groups, clip_fraction) to (total, count) pairs.
 
     Example (one group, two one-step episodes: ℓ^T = [−1, −3] with return 1 and [−0.5, −1.5] with return 0; every
-    intermediate number is in tests/test_distill_adrs.py):
+    intermediate number is in tests/methods/adrs/test_adrs_math.py):
         >>> from trl_agents.trajectory import Group, Step, Trajectory
         >>> def episode(logps, reward):
         ...     step = Step("o", "a", action_ids=[1, 2], reward=reward, signals={"teacher_logprobs": logps})

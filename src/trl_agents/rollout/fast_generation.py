@@ -28,7 +28,7 @@ passed (7x the cache traffic for Qwen2.5-0.5B).
 
 Sampling runs outside the graph and is `generate`'s own: the logits processors come from the same calls `generate`
 makes, then softmax + multinomial (or argmax) on the same fp32 logits with one stop check per step, so the same seed
-gives the tokens of `model.generate` up to float rounding (tests/test_fast_generation.py checks it on CPU, where the
+gives the tokens of `model.generate` up to float rounding (tests/rollout/test_fast_generation.py checks it on CPU, where the
 same loop runs without graphs). Log-probs are `log_softmax(raw logits / T)` of the sampled token, as in
 `TransformersGenerator`.
 

@@ -191,7 +191,7 @@ class ADRSTrainer(AgentGRPOTrainer):
         MethodInfo("adrs", "arXiv 2608.03223", "trl_agents.distill.adrs", title="ADRS",
                    hook="compute_advantages",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
-                   tests=("tests/test_adrs_pcsd.py", "tests/test_distill_adrs.py")),
+                   tests=("tests/methods/adrs/",)),
     )
     signals = ("teacher_logprobs",)
 

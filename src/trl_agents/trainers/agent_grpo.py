@@ -13,7 +13,7 @@ computed as TRL does; `_prepare_inputs` splits the rows without dropping any; `_
 Method variants are thin subclasses: they declare their methods (`methods`), the signals and capabilities they need
 and override public hooks only. Every hook, its stage, its default and the methods that override it: docs/concepts/
 hooks.md (`trainers/gigpo.py` is a small example). TRL's private names are overridden, read and written in this file
-only (`tests/test_trl_contract.py` pins them; `tests/test_method_registry.py` enforces it).
+only (`tests/training/test_trl_contract.py` pins them; `tests/project/test_method_registry.py` enforces it).
 
 Example:
     ```python
@@ -108,12 +108,13 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
     config_class = AgentGRPOConfig
     methods = (
         MethodInfo("grpo", "arXiv 2402.03300", "trl_agents.credit.grpo", title="GRPO",
-                   defaults={"advantage_estimator": "grpo"}, tests=("tests/test_credit.py", "tests/test_trainer.py")),
+                   defaults={"advantage_estimator": "grpo"},
+                   tests=("tests/credit/test_credit.py", "tests/training/test_trainer.py")),
         MethodInfo("dr_grpo", "arXiv 2503.20783", "trl_agents.credit.grpo", title="Dr. GRPO",
                    defaults={"advantage_estimator": "grpo", "scale_rewards": "none", "loss_type": "dr_grpo"},
-                   tests=("tests/test_credit.py",)),
+                   tests=("tests/credit/test_credit.py",)),
         MethodInfo("rloo", "arXiv 2402.14740", "trl_agents.credit.rloo", title="RLOO",
-                   defaults={"advantage_estimator": "rloo"}, tests=("tests/test_credit.py",)),
+                   defaults={"advantage_estimator": "rloo"}, tests=("tests/credit/test_credit.py",)),
     )
 
     @property

@@ -206,7 +206,7 @@ class APPOTrainer(AgentGRPOTrainer):
                    hook="topology (token_branching) + compute_advantages + loss_advantages",
                    inputs=("episode returns", "per-token entropies and current-policy log-probs (split points)",
                            "sampling log-probs", "old log-probs (future-KL scaling)"),
-                   tests=("tests/test_appo.py", "tests/test_credit_appo.py")),
+                   tests=("tests/methods/appo/",)),
     )
 
     @classmethod

@@ -141,7 +141,7 @@ class BEPOTrainer(AgentGRPOTrainer):
         MethodInfo("bepo", "arXiv 2608.06861", "trl_agents.credit.bepo", title="Gated-BEPO",
                    inputs=("episode returns", "step rewards", "state keys (graph nodes)",
                            "canonical actions (bepo_gate='actions' only)"),
-                   tests=("tests/test_credit_bepo.py",)),
+                   tests=("tests/methods/bepo/",)),
     )
     required_env_capabilities = ("state_key",)
 

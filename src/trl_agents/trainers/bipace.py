@@ -164,7 +164,7 @@ class BiPACETrainer(AgentGRPOTrainer):
                    inputs=("episode returns", "step rewards",
                            "policy hidden states of the step prompts (layer hidden_layer)",
                            "action keys (info['action'] or the <action> text)"),
-                   tests=("tests/test_credit_bipace.py",)),
+                   tests=("tests/methods/bipace/",)),
     )
 
     signals = ("hidden_states",)

@@ -105,7 +105,7 @@ class BPOTrainer(AgentGRPOTrainer):
         MethodInfo("bpo", "arXiv 2607.14171", "trl_agents.credit.bpo", title="BPO",
                    hook="topology (branching) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)", "per-token entropies (branch points)"),
-                   tests=("tests/test_canopy_bpo.py", "tests/test_credit_bpo.py")),
+                   tests=("tests/methods/bpo/", "tests/methods/canopy/")),
     )
 
     @classmethod

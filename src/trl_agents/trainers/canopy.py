@@ -138,7 +138,7 @@ class CANOPYTrainer(AgentGRPOTrainer):
         MethodInfo("canopy", "arXiv 2609.01245", "trl_agents.credit.canopy", title="CANOPY",
                    hook="topology (adaptive groups) + compute_advantages",
                    inputs=("episode returns", "infrastructure failures (removed, not scored)"),
-                   tests=("tests/test_canopy_bpo.py", "tests/test_credit_canopy.py")),
+                   tests=("tests/methods/canopy/",)),
     )
 
     @classmethod

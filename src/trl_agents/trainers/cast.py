@@ -106,7 +106,7 @@ class CASTTrainer(AgentGRPOTrainer):
     methods = (
         MethodInfo("cast", "arXiv 2607.25308", "trl_agents.credit.cast", title="CAST",
                    inputs=("episode returns", "solver values N(s_t), N(s_t+1) of every step"),
-                   tests=("tests/test_credit_cast.py",)),
+                   tests=("tests/methods/cast/",)),
     )
     signals = ("solver_value",)
 

@@ -149,7 +149,7 @@ class DarkRoomTrainer(EnvRLTrainer):
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns",
                            "next-observation predictions (<predict> blocks) and the observations that followed"),
-                   tests=("tests/test_dark_room.py",)),
+                   tests=("tests/methods/dark_room/",)),
     )
 
     def __init__(self, *args, **kwargs):

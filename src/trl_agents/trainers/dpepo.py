@@ -141,7 +141,7 @@ class DPEPOTrainer(AgentGRPOTrainer):
         MethodInfo("dpepo", "arXiv 2604.24320", "trl_agents.credit.dpepo", title="DPEPO",
                    hook="compute_advantages (+ the parallel environment)",
                    inputs=("episode returns", "per-copy actions of every turn (parallel environment step info)"),
-                   tests=("tests/test_dpepo.py", "tests/test_credit_dpepo.py")),
+                   tests=("tests/methods/dpepo/",)),
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:

@@ -124,7 +124,7 @@ class ECPOTrainer(AgentGRPOTrainer):
         MethodInfo("ecpo", "arXiv 2606.05885", "trl_agents.credit.ecpo", title="ECPO",
                    inputs=("episode returns", "step rewards", "state keys",
                            "canonical actions (info['action'] / info['command'], else normalised text)"),
-                   tests=("tests/test_credit_ecpo.py",)),
+                   tests=("tests/methods/ecpo/",)),
     )
     required_env_capabilities = ("state_key",)
 

@@ -224,7 +224,7 @@ class EnvRLTrainer(GiGPOTrainer):
         MethodInfo("envrl", "arXiv 2606.17680", "trl_agents.distill.envrl", title="EnvRL",
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns", "(s_t, a_t, o_{t+1}) transitions: step prompts, actions, next observations"),
-                   tests=("tests/test_distill_envrl.py", "tests/test_envrl.py")),
+                   tests=("tests/methods/envrl/",)),
     )
     signals = (EXAMPLES_SIGNAL,)
     training_signals = (EXAMPLES_SIGNAL,)

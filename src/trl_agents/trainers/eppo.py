@@ -163,7 +163,7 @@ class EPPOTrainer(AgentGRPOTrainer):
         MethodInfo("eppo", "arXiv 2607.07178", "trl_agents.credit.eppo", title="EPPO",
                    hook="clip_bounds (per-task ε) + compute_auxiliary_loss (entropy sums, no loss)",
                    inputs=("episode returns", "task type per task (dataset column)", "per-token entropies of the loss"),
-                   tests=("tests/test_eppo.py",)),
+                   tests=("tests/methods/eppo/",)),
     )
     signals = (TASK_TYPE_SIGNAL,)
     training_signals = (TASK_TYPE_SIGNAL,)

@@ -90,7 +90,7 @@ class GiGPOTrainer(AgentGRPOTrainer):
     methods = (
         MethodInfo("gigpo", "arXiv 2505.10978", "trl_agents.credit.gigpo", title="GiGPO",
                    inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
-                   tests=("tests/test_credit.py", "tests/test_trainer.py")),
+                   tests=("tests/credit/test_credit.py", "tests/training/test_trainer.py")),
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:

@@ -247,7 +247,7 @@ class GRSDTrainer(AgentGRPOTrainer):
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns", "success labels", "policy reflections scored by a judge",
                            "teacher log-probs of the sampled actions under the group's guidance"),
-                   tests=("tests/test_grsd.py", "tests/test_distill_grsd.py")),
+                   tests=("tests/methods/grsd/",)),
     )
     signals = (TEACHER,)
     training_signals = ()

@@ -355,7 +355,7 @@ class IBRLTrainer(AgentGRPOTrainer):
         MethodInfo("ib_rl", "arXiv 2608.06735", "trl_agents.credit.ib_rl", title="IB-RL",
                    hook="compute_advantages + compute_loss (one LoRA adapter, optimizer and scheduler per role)",
                    inputs=("each role's reward (info['role_rewards'])", "the acting role of each step (info['role'])"),
-                   tests=("tests/test_ib_rl.py",)),
+                   tests=("tests/methods/ib_rl/",)),
     )
 
     def __init__(self, model, args: IBRLConfig | None = None, train_dataset=None, eval_dataset=None,

@@ -257,7 +257,7 @@ class IGRPOTrainer(AgentGRPOTrainer):
                    hook="topology (info_gain) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)",
                            "gold-answer likelihood after each tool observation (model signal gold_likelihood)"),
-                   tests=("tests/test_igrpo.py", "tests/test_credit_igrpo.py")),
+                   tests=("tests/methods/igrpo/",)),
     )
 
     @classmethod

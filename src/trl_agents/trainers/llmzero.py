@@ -74,7 +74,7 @@ class LLMZeroTrainer(AgentGRPOTrainer):
                    hook="controller (outer loop)",
                    inputs=("stage metrics (reward, entropy, KL, clip fraction, turn length, zero-std groups)",
                            "held-out score before and after each stage"),
-                   tests=("tests/test_llmzero.py",)),
+                   tests=("tests/methods/llmzero/",)),
     )
     outer_loop: ClassVar[str] = "search"
     """What `trl-agents train` runs for this method, by name (`cli.OUTER_LOOPS`): the strategy search, each stage

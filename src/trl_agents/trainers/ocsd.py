@@ -117,7 +117,7 @@ class OCSDTrainer(AgentGRPOTrainer):
                    inputs=("episode returns", "behaviour log-probs of the sampled actions",
                            ("teacher log-probs of the selected steps' actions under Full / Observation-Ablated "
                             "replay views (next observation vs a placeholder)")),
-                   tests=("tests/test_ocsd.py", "tests/test_distill_ocsd.py")),
+                   tests=("tests/methods/ocsd/",)),
     )
     signals = (SIGNAL_NAME,)
 

@@ -138,7 +138,7 @@ class OPSDTrainer(AgentGRPOTrainer):
                    hook="compute_auxiliary_loss + policy_loss_weight",
                    inputs=("student log-probs / logits of the sampled actions",
                            "teacher under a privileged view (teacher prompt, or its log-probs)"),
-                   tests=("tests/test_opsd_sdar.py", "tests/test_distill_opsd.py")),
+                   tests=("tests/methods/opsd/",)),
     )
 
     @classmethod

@@ -244,7 +244,7 @@ class PATRTrainer(AgentGRPOTrainer):
                    hook="topology (patr) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)",
                            "process scores of partial trajectories (solver cost-to-go, judge or reward model)"),
-                   tests=("tests/test_patr.py", "tests/test_credit_patr.py")),
+                   tests=("tests/methods/patr/",)),
     )
 
     def __init__(self, model, args: PATRConfig | None = None, *rest, scorer=None, **keywords):

@@ -153,7 +153,7 @@ class PCSDTrainer(AgentGRPOTrainer):
                    hook="compute_auxiliary_loss",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view",
                            "turn boundaries (the loss mask's runs)"),
-                   tests=("tests/test_adrs_pcsd.py", "tests/test_distill_pcsd.py")),
+                   tests=("tests/methods/adrs/", "tests/methods/pcsd/")),
     )
     signals = ("teacher_logprobs",)
     training_signals = ("teacher_logprobs",)

@@ -141,7 +141,7 @@ class ProGPOTrainer(AgentGRPOTrainer):
                    inputs=("episode returns", "success labels", "step rewards",
                            "canonical actions (info['action'] or the reply)",
                            "state keys (observation text when the env has none)"),
-                   tests=("tests/test_credit_progpo.py",)),
+                   tests=("tests/methods/progpo/",)),
     )
 
     def compute_advantages(self, groups: list[Group]) -> list[list[list[float]]]:

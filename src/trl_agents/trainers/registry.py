@@ -7,7 +7,7 @@ define it, its test files). Everything else a method needs is read from the clas
 and its topology's), its topology (the config's `topology` default). `discover_methods()` (in `trainers/__init__.py`)
 imports every module of `trl_agents.trainers` and collects the declarations, so a new method is its math file (credit/ or distill/), its
 trainer file, its config(s), its test file and its docs page (`docs/methods/<name>.md`) — nothing else to edit;
-`tests/test_method_registry.py` checks that every registered method has all five.
+`tests/project/test_method_registry.py` checks that every registered method has all five.
 
 Example:
     >>> from trl_agents.trainers import METHODS

@@ -123,7 +123,7 @@ class SCPOTrainer(GiGPOTrainer):
                    inputs=("episode returns", "success labels", "step rewards",
                            "step observations + canonical actions (scorer)",
                            "state keys (observation text when the env has none)"),
-                   tests=("tests/test_credit_scpo.py",)),
+                   tests=("tests/methods/scpo/",)),
     )
 
     def __init__(self, *positional, scorer: Scorer | None = None, **keywords):

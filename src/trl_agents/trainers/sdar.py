@@ -75,11 +75,11 @@ class SDARTrainer(AgentGRPOTrainer):
         MethodInfo("sdar", "arXiv 2605.15155", "trl_agents.distill.sdar", title="SDAR",
                    hook="compute_auxiliary_loss",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
-                   tests=("tests/test_opsd_sdar.py", "tests/test_distill_sdar.py")),
+                   tests=("tests/methods/opsd/", "tests/methods/sdar/")),
         MethodInfo("grpo_opsd", "arXiv 2605.15155", "trl_agents.distill.sdar", title="GRPO+OPSD",
                    hook="compute_auxiliary_loss", defaults={"sdar_gate_beta": 0.0},
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
-                   tests=("tests/test_opsd_sdar.py", "tests/test_distill_sdar.py")),
+                   tests=("tests/methods/opsd/", "tests/methods/sdar/")),
     )
     signals = ("teacher_logprobs",)
     training_signals = ("teacher_logprobs",)

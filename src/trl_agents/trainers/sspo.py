@@ -185,7 +185,7 @@ class SSPOTrainer(AgentGRPOTrainer):
                    hook="compute_advantages (+ topology 'state_score' with sspo_allocation='adaptive')",
                    inputs=("success flags", "state keys (observation text when the env has none)",
                            "persistent state-visit table", "env snapshots (sspo_allocation='adaptive')"),
-                   tests=("tests/test_credit_3spo.py", "tests/test_sspo_allocation.py")),
+                   tests=("tests/methods/3spo/",)),
     )
     required_env_capabilities = ("state_key",)
     signals = (STATE_KEY_SIGNAL,)  # env.state_key() after every step: s_{t+1} after an episode's last action

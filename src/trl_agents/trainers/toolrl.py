@@ -272,7 +272,7 @@ class ToolRLTrainer(AgentGRPOTrainer):
                    hook="topology (supervised) + loss_advantages + compute_auxiliary_loss + callbacks (monitor, SFT)",
                    inputs=("episode returns", "ground-truth actions (expert_plan / optimal_plan)",
                            "sampling log-probs of control tokens"),
-                   tests=("tests/test_toolrl.py",)),
+                   tests=("tests/methods/toolrl/",)),
     )
 
     def __init__(self, *args, **kwargs):

@@ -93,7 +93,7 @@ class VICTTrainer(AgentGRPOTrainer):
     methods = (
         MethodInfo("vict", "arXiv 2608.28128", "trl_agents.credit.vict", title="VICT",
                    inputs=("episode returns", "verifier atoms (env.verify(): status, witness step, dependencies)"),
-                   tests=("tests/test_credit_vict.py",)),
+                   tests=("tests/methods/vict/",)),
     )
     signals = ("verifier_atoms",)
 
