@@ -241,3 +241,41 @@ def test_nothing_cites_a_path_outside_the_repository():
             if OUTSIDE.search(line):
                 offenders.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()[:100]}")
     assert not offenders, "\n".join(offenders)
+
+
+def _overrides_by_trainer() -> dict[str, set[str]]:
+    """name defined in a method trainer class's body (a method or a class attribute) -> the trainers defining it,
+    each named by the methods it declares ("sdar/grpo_opsd"), read from the source with `ast`."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(glob.glob(os.path.join(SRC, "trainers", "*.py"))):
+        if os.path.basename(path) in ("agent_grpo.py", "agent_grpo_config.py", "registry.py", "__init__.py"):
+            continue
+        source = open(path).read()
+        for node in ast.parse(source).body:
+            if not (isinstance(node, ast.ClassDef) and node.name.endswith("Trainer")):
+                continue
+            label = "/".join(re.findall(r'MethodInfo\(\s*"([a-z0-9_]+)"', ast.get_source_segment(source, node)))
+            for item in node.body:
+                names = [item.name] if isinstance(item, ast.FunctionDef) else []
+                names += [t.id for t in getattr(item, "targets", []) if isinstance(t, ast.Name)]
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.append(item.target.id)
+                for name in names:
+                    found.setdefault(name, set()).add(label or node.name)
+    return found
+
+
+def test_the_hooks_page_lists_who_overrides_each_hook():
+    # docs/concepts/hooks.md is the one list of hooks: its "overridden by" column is what the trainers define.
+    page = open(os.path.join(ROOT, "docs", "concepts", "hooks.md")).read()
+    rows = re.findall(r"^\| `([a-z_]+)[^|]*\| [^|]+\| [^|]+\| ([^|]+) \|$", page, re.MULTILINE)
+    assert len(rows) >= 20, rows
+    found = _overrides_by_trainer()
+    every = found.get("methods", set())
+    for hook, column in rows:
+        expected = found.get(hook, set())
+        if column.strip() == "every method trainer":
+            assert expected == every, (hook, sorted(every - expected))
+        else:
+            listed = set() if column.strip() == "—" else {name.strip() for name in column.split(",")}
+            assert listed == expected, (hook, sorted(listed ^ expected))
