@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .credit.base import check_choice
+from .names import check_choice
 
 CAPACITY_PARAMS = ("max_completion_length", "num_generations", "learning_rate")
 """Capacity parameters: never decrease along a path of the search tree (the paper's finding, enforced)."""

@@ -54,6 +54,7 @@ from typing import Any
 
 from ..envs.parsing import extract_answer
 from ..names import did_you_mean
+from ..names import check_choice
 from ..trajectory import Group, Step
 
 StepAdvantages = list[list[float]]
@@ -261,12 +262,6 @@ def stat_means(stats: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     {'size': 2.5, 'rate': 0.0}
     """
     return {name: total / count if count else 0.0 for name, (total, count) in stats.items()}
-
-
-def check_choice(argument: str, value: str, choices: Sequence[str]) -> None:
-    """Raise a ValueError naming the allowed values when `value` is not one of `choices`."""
-    if value not in choices:
-        raise ValueError(f"{argument} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def check_positive(name: str, value: float) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from .decoding import cut_at_eos
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..distill.adrs import ADRS_UNITS, ADRS_VARIANTS, NORMALIZE_MODES, adrs_eta_schedule
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..rollout.engine import ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.decoding import shaping_options

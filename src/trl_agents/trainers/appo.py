@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..credit.appo import decay_gamma, future_kl_advantages
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..rollout.topologies import Topology
 from ..rollout.topologies.appo import TOKEN_BRANCH_SCORES, punctuation_filter
 from ..trajectory import Group

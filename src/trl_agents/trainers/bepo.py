@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.bepo import BELLMAN_NORMS, GATES, MIXINGS
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

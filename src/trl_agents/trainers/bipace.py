@@ -35,7 +35,7 @@ from typing import ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..signals.model import HIDDEN_STATE_SOURCES, POOLINGS, decoder_layers
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..rollout.topologies import BRANCH_SCORES
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.cast import NORMS, SOLVER_RULES, TRANSFORMS
 from ..envs import get_env_class
 from ..trajectory import Group

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..distill.dark_room import (
     ACCURACY_SIGNAL,
     POTENTIALS,

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.dpepo import FORMULAS
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..distill.envrl import (
     ID_INSTRUCTION,
     SCHEDULES,

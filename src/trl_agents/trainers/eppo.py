@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.eppo import SIDES, EntropyPacer, task_bounds
 from ..training.batch import token_signal_key
 from ..signals.base import SIGNALS, ModelSignal, register_signal

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..distill.grsd import (
     modulated_advantages,
     reflection_token_terms,

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.ib_rl import SCALES, step_role
 from ..envs import get_env_class
 from ..rollout.generators import GenerationOutput

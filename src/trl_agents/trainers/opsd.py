@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..distill.opsd import generalized_jsd, sampled_token_distillation
 from ..training.batch import prompt_signal_keys, token_signal_key
 from ..training.forward import completion_logits, policy_logps

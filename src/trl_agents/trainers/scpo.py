@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.scpo import SCORERS, SHAPING_LEVELS, SIBLING_CHOICES, Scorer, get_scorer
 from ..trajectory import Group
 from .gigpo import GiGPOConfig, GiGPOTrainer

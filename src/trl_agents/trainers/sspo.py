@@ -42,7 +42,7 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.sspo import MODES
 from ..rollout.topologies.state_score import SCOPES, STATE_KEY_SIGNAL, StateScoreTable, StateScoreTopology
 from ..trajectory import Group

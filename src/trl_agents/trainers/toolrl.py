@@ -55,7 +55,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..callbacks.control_tokens import SEARCHQA_CONTROL_TOKENS, SIGNS, ControlTokenMonitor
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.toolrl import (
     off_policy_token_loss,
     shaped_off_policy_ratio,

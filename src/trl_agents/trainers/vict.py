@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..credit.base import check_choice
+from ..names import check_choice
 from ..credit.vict import FAILURE_CORES
 from ..trajectory import Group
 from .agent_grpo import AgentGRPOConfig, AgentGRPOTrainer
