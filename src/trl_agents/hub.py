@@ -433,7 +433,7 @@ def _is_hub_id(name: str) -> bool:
 
 def _key_settings(config: dict[str, Any], method_card: dict[str, Any]) -> list[tuple[str, str]]:
     """(name, value) of the settings worth a glance: the common agent/GRPO ones, then the method's own fields."""
-    names = list(KEY_SETTINGS) + [name for name in method_card.get("settings", ()) if name not in KEY_SETTINGS]
+    names = [*KEY_SETTINGS, *method_card.get("settings", ())]  # (the method's own fields are not common ones)
     return [(name, _cell(config[name])) for name in names if config.get(name) not in (None, {}, "")]
 
 

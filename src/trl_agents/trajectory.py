@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,14 @@ class Group:
     def is_tree(self) -> bool:
         """Whether some trajectory forked from another (a branching topology): the group is a tree of episodes."""
         return any(t.parent_id is not None for t in self.trajectories)
+
+    def check_finite_rewards(self) -> None:
+        """Raise a ValueError naming the first trajectory whose return is NaN or inf (a non-finite step reward makes
+        it so), the input that would make advantages or group statistics NaN."""
+        for index, trajectory in enumerate(self.trajectories):
+            if not math.isfinite(trajectory.episode_return):
+                rewards = [step.reward for step in trajectory.steps]
+                raise ValueError(f"trajectory {index} of the group has a non-finite reward: {rewards}")
 
     def trajectory(self, episode_id: int) -> Trajectory:
         """The trajectory with this `episode_id`."""

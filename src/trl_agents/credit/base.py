@@ -53,8 +53,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..envs.parsing import extract_answer
-from ..names import did_you_mean
-from ..names import check_choice
+from ..names import check_choice, did_you_mean
 from ..trajectory import Group, Step
 
 StepAdvantages = list[list[float]]
@@ -279,11 +278,7 @@ def check_finite(**values: float) -> None:
 
 def check_group(group: Group) -> None:
     """Reject inputs that would make advantages NaN/inf: non-finite rewards (`CreditParams` checks the penalty)."""
-    for index, traj in enumerate(group.trajectories):
-        # Any NaN/inf step reward makes the episode return NaN/inf, so one check per trajectory suffices.
-        if not math.isfinite(traj.episode_return):
-            rewards = [step.reward for step in traj.steps]
-            raise ValueError(f"trajectory {index} of the group has a non-finite reward: {rewards}")
+    group.check_finite_rewards()
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:

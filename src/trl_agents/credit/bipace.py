@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from ..trajectory import Group, Step
-from .base import (CreditParams, Stats, StepAdvantages, batch_result, canonical_action, check_choice, check_finite,
-                   check_group, check_positive, discounted_returns, episode_advantages, mean_std, register_estimator,
-                   runtime_field)
+from .base import (STATISTICS, CreditParams, Stats, StepAdvantages, batch_result, canonical_action, check_choice,
+                   check_finite, check_group, check_positive, discounted_returns, episode_advantages, mean_std,
+                   register_estimator, runtime_field)
 
 PACE_ESTIMATORS = ("q_style", "diff_peer")
 ACTION_KEYS = ("action_tag", "first_tokens")
@@ -106,7 +106,7 @@ class BiPACEParams(CreditParams):
         check_choice("action_key", self.action_key, ACTION_KEYS)
         check_choice("centroid", self.centroid, CENTROIDS)
         check_choice("episode_mode", self.episode_mode, EPISODE_MODES)
-        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_choice("statistic", self.episode_statistic, STATISTICS)
         check_finite(gamma=self.gamma, omega=self.step_advantage_w)
         epsilon = self.cluster_epsilon
         if not (isinstance(epsilon, (int, float)) and 0.0 <= epsilon <= 2.0):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from ..trajectory import Group
-from .base import (AnchorParams, Stats, StepAdvantages, anchor_key, batch_result, check_choice, check_finite,
-                   check_group, check_positive, discounted_returns, episode_advantages, mean_std, normalize,
-                   register_estimator, runtime_field)
+from .base import (STATISTICS, AnchorParams, Stats, StepAdvantages, anchor_key, batch_result, check_choice,
+                   check_finite, check_group, check_positive, discounted_returns, episode_advantages, mean_std,
+                   normalize, register_estimator, runtime_field)
 
 GIGPO_METRICS = ("mean_anchor_group_size", "singleton_anchor_fraction")
 GIGPO_STATS = ("num_anchor_groups", *GIGPO_METRICS)
@@ -57,7 +57,7 @@ class GiGPOParams(AnchorParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("mode", self.gigpo_mode, ("mean_norm", "mean_std_norm"))
-        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_choice("statistic", self.episode_statistic, STATISTICS)
         check_finite(gamma=self.gamma, omega=self.step_advantage_w)
         check_positive("eps", self.eps)
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..trajectory import Group
-from .base import (CreditParams, Stats, StepAdvantages, check_choice, check_group, check_positive, episode_advantages,
-                   register_estimator, runtime_field)
+from .base import (STATISTICS, CreditParams, Stats, StepAdvantages, check_choice, check_group, check_positive,
+                   episode_advantages, register_estimator, runtime_field)
 
 GRPO_EPS = 1e-4  # TRL's ε in (R − μ)/(σ + ε)
 
@@ -44,7 +44,7 @@ class GRPOOutcomeParams(CreditParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("scale", self.scale_rewards, ("group", "none"))
-        check_choice("statistic", self.credit_statistic, ("trajectories", "step_rows"))
+        check_choice("statistic", self.credit_statistic, STATISTICS)
 
     def episode_advantages(self, group: Group, eps: float = GRPO_EPS) -> StepAdvantages:
         """GRPO's advantages of one group with these settings (ε: TRL's 1e-4); it rejects non-finite rewards."""

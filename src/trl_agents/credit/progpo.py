@@ -35,9 +35,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from ..trajectory import Group
-from .base import (CreditParams, Stats, StepAdvantages, anchor_key, canonical_action, check_choice, check_group,
-                   check_positive, discounted_returns, episode_advantages, group_totals, mean_std, normalize,
-                   register_estimator, runtime_field)
+from .base import (STATISTICS, CreditParams, Stats, StepAdvantages, anchor_key, canonical_action, check_choice,
+                   check_group, check_positive, discounted_returns, episode_advantages, group_totals, mean_std,
+                   normalize, register_estimator, runtime_field)
 
 MODES = ("mean_norm", "mean_std_norm")
 PREFIXES = ("interaction", "actions")
@@ -118,7 +118,7 @@ class ProGPOParams(CreditParams):
         check_choice("prefix", self.prefix, PREFIXES)
         check_choice("anchor", self.anchor, ANCHORS)
         check_choice("transition_norm", self.transition_norm, TRANSITION_NORMS)
-        check_choice("statistic", self.episode_statistic, ("trajectories", "step_rows"))
+        check_choice("statistic", self.episode_statistic, STATISTICS)
         if not (math.isfinite(self.gamma) and 0.0 <= self.gamma <= 1.0):
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         depth = self.potential_depth

@@ -147,11 +147,8 @@ def carries_signal(group: Group) -> bool:
     healthy = group.healthy()
     if len(healthy) < 2:
         return False
+    healthy.check_finite_rewards()
     returns = [traj.episode_return for traj in healthy.trajectories]
-    for index, (traj, value) in enumerate(zip(healthy.trajectories, returns, strict=True)):
-        if not math.isfinite(value):  # (a NaN or inf step reward makes the return so)
-            rewards = [step.reward for step in traj.steps]
-            raise ValueError(f"trajectory {index} of the group has a non-finite reward: {rewards}")
     return any(r != returns[0] for r in returns[1:])
 
 
