@@ -75,6 +75,20 @@ def group_credit_and_stats(name: str, group, **params):
     return advantages, stat_means(stats)
 
 
+def observation_episode(*steps: tuple, success: bool = False):
+    """A trajectory from (state, reward[, valid[, action]]) tuples; the state is the observation (no state_key)."""
+    from trl_agents.trajectory import Step, Trajectory
+
+    made = []
+    for spec in steps:
+        state, reward, valid, action = (*spec, True, None)[:4] if len(spec) == 2 else (*spec, None)[:4]
+        made.append(
+            Step(observation=state, action_text=action or "act", reward=float(reward), valid=valid,
+                 info={"action": action} if action else {})
+        )
+    return Trajectory(task={"task_id": "t"}, steps=made, success=success)
+
+
 def train_and_check_moved(trainer, steps: int = 2) -> list[dict]:
     """Train `trainer` (configured for `steps` optimizer steps), assert that it ran them and that some parameter
     moved; return the per-step log entries (those with `env/success_rate`)."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import doctest
 import math
-import os
 import random
 
 import pytest
 from helpers import all_finite, assert_close, group_credit, group_credit_and_stats, group_of, two_scripted_frozenlake_steps
+from helpers import observation_episode as episode
 
 from trl_agents.credit import ecpo as credit_ecpo
 from trl_agents.credit import get_estimator
@@ -27,19 +27,6 @@ from trl_agents.trainers.ecpo import ECPOConfig, ECPOTrainer
 from trl_agents.trajectory import Group, Step, Trajectory
 
 TOL = 1e-4
-CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs")
-
-
-def episode(*steps: tuple, success: bool = False) -> Trajectory:
-    """A trajectory from (state, reward[, valid[, action]]) tuples; the state is the observation (no state_key)."""
-    made = []
-    for spec in steps:
-        state, reward, valid, action = (*spec, True, None)[:4] if len(spec) == 2 else (*spec, None)[:4]
-        made.append(
-            Step(observation=state, action_text=action or "act", reward=float(reward), valid=valid,
-                 info={"action": action} if action else {})
-        )
-    return Trajectory(task={"task_id": "t"}, steps=made, success=success)
 
 
 # ---------------------------------------------------------------- the anchor case (docs/methods/ecpo.md)
