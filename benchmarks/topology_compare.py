@@ -45,6 +45,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from scipy import stats
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from credit_compare import ENV_CONFIGS, ENV_OVERRIDES, ROOT, run_one, unsupported_reason
 
@@ -167,12 +169,6 @@ NOT_COMPARABLE = {
 }
 
 
-def t_quantile_975(df: int) -> float:
-    """The 97.5 % quantile of Student's t with `df` degrees of freedom (a table for small df, normal beyond)."""
-    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-    return table.get(df, 1.96)
-
-
 def paired(rows: list[dict], env: str, run: str, reference: str = "grpo") -> list[float]:
     """Per seed: success after RL of `run` minus `reference`'s, in points (seeds where both finished)."""
     def by_seed(name):
@@ -183,9 +179,12 @@ def paired(rows: list[dict], env: str, run: str, reference: str = "grpo") -> lis
 
 
 def interval(values: list[float]) -> tuple[float, float] | None:
+    """The 95 % Student-t interval of the mean of `values`: mean ± t(0.975, n − 1)·std/√n, the quantile from
+    `scipy.stats.t` at every n (2.201 at 11 degrees of freedom, not the normal 1.96); None below 2 values. (Not
+    `t.interval`: it answers NaN for a zero spread, and seeds that all differ by the same, e.g. 0, do happen here.)"""
     if len(values) < 2:
         return None
-    half = t_quantile_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
     mean = statistics.mean(values)
     return mean - half, mean + half
 

@@ -210,19 +210,28 @@ def two_scripted_frozenlake_steps(trainer_class, config_class, tiny_model, token
 
 class JudgeServer:
     """`/v1/models`, `/v1/chat/completions`, `/v1/completions` on 127.0.0.1. `mode`: "score" (answers cycle through
-    "Score: 1", "2", "3"), "garbage" (no number), "slow" (sleeps `delay` s first), "error" (HTTP 500)."""
+    "Score: 1", "2", "3"), "garbage" (no number), "slow" (sleeps `delay` s first), "error" (HTTP 500).
 
-    def __init__(self, mode: str = "score", delay: float = 1.0):
+    A loaded server: the first `fail_first` POSTs answer HTTP `fail_status` (with a `Retry-After: retry_after` header
+    when given), or, when `fail_status` is None, the connection is closed without an answer. Every POST, failed or
+    not, is in `requests`."""
+
+    def __init__(self, mode: str = "score", delay: float = 1.0, *, fail_first: int = 0, fail_status: int | None = 503,
+                 retry_after: str | None = None):
         self.mode, self.delay, self.requests = mode, delay, []
+        self.fail_first, self.fail_status, self.retry_after = fail_first, fail_status, retry_after
+        self.posts, lock = 0, threading.Lock()
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
-            def _send(self, code, body):
+            def _send(self, code, body, headers=()):
                 data = json.dumps(body).encode()
                 self.send_response(code)
+                for name, value in headers:
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -237,6 +246,14 @@ class JudgeServer:
             def do_POST(self):
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append((self.path, payload))
+                with lock:
+                    fail, server.posts = server.posts < server.fail_first, server.posts + 1
+                if fail and server.fail_status is None:
+                    self.close_connection = True  # no answer: the client sees the connection closed
+                    return None
+                if fail:
+                    headers = [("Retry-After", server.retry_after)] if server.retry_after is not None else []
+                    return self._send(server.fail_status, {"error": "overloaded"}, headers)
                 if server.mode == "slow":
                     time.sleep(server.delay)
                 if server.mode == "error":

@@ -1,7 +1,8 @@
-"""`trl-agents` command line: train | eval | push | envs | methods | search.
+"""`trl-agents` command line: train | eval | push | envs | methods | search | configs | env.
 
     trl-agents train                                   # the embedded quickstart (configs/quickstart.yaml)
     trl-agents train --config configs/gigpo_sokoban.yaml --learning_rate 1e-6 --max_turns 20
+    trl-agents train --config gigpo_sokoban_tiny       # a packaged config by name (`trl-agents configs` lists them)
     trl-agents eval --model_name_or_path outputs/quickstart --num_eval_tasks 1000   # prompts as trained
     trl-agents eval --model_name_or_path outputs/quickstart --vllm_server_url http://localhost:8000   # vllm serve
     trl-agents eval --model_name_or_path outputs/quickstart --modes greedy sampled --num_samples 8 --max_turns 20
@@ -9,12 +10,16 @@
     trl-agents envs                                    # registered environments and their capabilities
     trl-agents methods                                 # registered methods and their papers
     trl-agents search --config configs/llmzero_frozenlake_tiny.yaml --stages 3 --children 2   # LLMZero's search
+    trl-agents configs                                 # the packaged training and accelerate configs
+    trl-agents configs --path ddp                      # the absolute path of one (for accelerate's --config_file)
+    trl-agents env                                     # the versions a bug report needs
 
 `train` parses like TRL's scripts (`TrlParser`): `--config FILE` (YAML, flat keys; an `env:` mapping there sets
-environment variables) gives the defaults, `--key value` overrides them. Keys belong to `RunArguments`
-(trl_agents.run), the method's config (e.g. `GiGPOConfig`, which includes every `GRPOConfig` field) or TRL's
-`ModelConfig` (model_name_or_path, use_peft, lora_r, ...). `search` parses the same keys plus the controller's
-(`trl_agents.strategy.SearchArguments`) and trains stages of the config's method (docs/methods/llmzero.md).
+environment variables; or the name of a packaged config, when no such file exists) gives the defaults, `--key value`
+overrides them. Keys belong to `RunArguments` (trl_agents.run), the method's config (e.g. `GiGPOConfig`, which
+includes every `GRPOConfig` field) or TRL's `ModelConfig` (model_name_or_path, use_peft, lora_r, ...). `search` parses
+the same keys plus the controller's (`trl_agents.strategy.SearchArguments`) and trains stages of the config's method
+(docs/methods/llmzero.md). `trl-agents --help` lists the commands; docs/cli.md describes them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from .names import did_you_mean
+
 QUICKSTART = "quickstart.yaml"
 
 
@@ -36,6 +43,86 @@ def packaged_config(name: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"no packaged config named {name!r}")
     return str(path)
+
+
+CONFIG_KINDS = {"training": ("configs",), "accelerate": ("configs", "accelerate")}
+"""Where each kind of packaged config lies in the package: training configs (`trl-agents train --config NAME`) and
+accelerate launch configs (`accelerate launch --config_file $(trl-agents configs --path NAME)`)."""
+
+
+def packaged_configs(kind: str = "training") -> dict[str, str]:
+    """Name (the file name without `.yaml`) -> absolute path of each packaged config of `kind`, sorted by name."""
+    folder = resources.files("trl_agents").joinpath(*CONFIG_KINDS[kind])
+    found = {entry.name[: -len(".yaml")]: os.path.abspath(str(entry)) for entry in folder.iterdir()
+             if entry.name.endswith(".yaml") and entry.is_file()}
+    return dict(sorted(found.items()))
+
+
+def _config_name(value: str) -> str | None:
+    """`value` as a packaged config's name (`gigpo_sokoban`, `gigpo_sokoban.yaml`), or None when it is a path."""
+    if "/" in value or os.sep in value:
+        return None
+    for suffix in (".yaml", ".yml"):
+        value = value.removesuffix(suffix)
+    return value
+
+
+def resolve_config(value: str, kinds: tuple[str, ...] = ("training",)) -> str:
+    """The config file `value` names: a path when one exists (it always wins), else the packaged config of one of
+    `kinds` with that name (with or without `.yaml`); else a one-line ValueError with the closest packaged name."""
+    if os.path.isfile(value):
+        return value
+    name = _config_name(value)
+    known = {n: path for kind in kinds for n, path in packaged_configs(kind).items()}
+    if name is not None and name in known:
+        return known[name]
+    if name is None:
+        raise ValueError(f"config file not found: {value}")
+    raise ValueError(f"config file not found: {value} (no such file, nor a packaged config of that name)."
+                     f"{did_you_mean(name, known)} `trl-agents configs` lists the packaged configs")
+
+
+def _config_table() -> dict[str, tuple[str, str, str]]:
+    """Name -> (method, env, model) of each packaged training config, read from its YAML."""
+    table = {}
+    for name, path in packaged_configs("training").items():
+        config = _read_config(path)
+        model = "tiny (built in)" if config.get("tiny_model") else str(config.get("model_name_or_path") or "-")
+        table[name] = (str(config.get("method") or "grpo"), str(config.get("env_name") or "-"), model)
+    return table
+
+
+def _summary(path: str) -> str:
+    """The first line of a config's header comment (each accelerate config's summary)."""
+    with open(path) as handle:
+        first = handle.readline().strip()
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def list_configs(argv: list[str] | None = None) -> None:
+    """`trl-agents configs`: the packaged training configs (method, env, model) and accelerate launch configs;
+    `trl-agents configs NAME` (or `--path NAME`): the absolute path of one, e.g. for accelerate's `--config_file`."""
+    parser = argparse.ArgumentParser(prog="trl-agents configs", description=list_configs.__doc__)
+    parser.add_argument("name", nargs="?", help="print the absolute path of this packaged config")
+    parser.add_argument("--path", dest="path_of", metavar="NAME", help="the same: print this config's path")
+    args = parser.parse_args(argv or [])
+    name = args.path_of or args.name
+    if name is not None:
+        if _config_name(name) is None:
+            raise ValueError(f"{name}: give a packaged config's name, not a path (`trl-agents configs` lists them)")
+        print(resolve_config(_config_name(name), kinds=("training", "accelerate")))
+        return
+    table = _config_table()
+    width = max(map(len, table)) + 2
+    print("training configs (trl-agents train --config NAME, then --key value to override any setting):")
+    print(f"  {'name':<{width}}{'method':<11}{'env':<17}model")
+    for config, (method, env, model) in table.items():
+        print(f"  {config:<{width}}{method:<11}{env:<17}{model}")
+    accelerate = packaged_configs("accelerate")
+    print("\naccelerate configs (accelerate launch --config_file $(trl-agents configs --path NAME) ...):")
+    width = max(map(len, accelerate)) + 2
+    for config, path in accelerate.items():
+        print(f"  {config:<{width}}{_summary(path)}")
 
 
 def _read_config(path: str) -> dict[str, Any]:
@@ -55,20 +142,73 @@ def _read_config(path: str) -> dict[str, Any]:
     return loaded
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE` on the command line `argv` (the last one given), or None."""
+    value = None
+    for position, arg in enumerate(argv):
+        if arg == f"--{name}":
+            value = argv[position + 1] if position + 1 < len(argv) else ""
+        elif arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _split_config(argv: list[str]) -> list[str]:
+    """`--config=FILE` as `--config FILE`, the only spelling TRL's parser reads."""
+    split = []
+    for arg in argv:
+        split += ["--config", arg.split("=", 1)[1]] if arg.startswith("--config=") else [arg]
+    return split
+
+
 def _method_of(argv: list[str], config: dict[str, Any]) -> str:
     """The `method` chosen on the command line or in the YAML file's `config` (it decides which config class
     parses)."""
-    method = config.get("method")
-    if "--method" in argv:
-        method = argv[argv.index("--method") + 1]
-    return method or "grpo"
+    return _option(argv, "method") or config.get("method") or "grpo"
+
+
+NOT_QUICKSTART = ("model_name_or_path", "env_name", "method", "dataset_name")
+"""Settings that, given to `trl-agents train` without `--config`, say the run is not the quickstart (a tiny built-in
+model on FrozenLake, whose prompts and env kwargs would silently apply): the command asks for a config instead."""
+
+
+def _check_quickstart_overrides(argv: list[str]) -> None:
+    """A one-line ValueError when `trl-agents train` has no `--config` but sets what the quickstart is made of (its
+    model, environment or method), naming a packaged config that matches the environment and method when one does."""
+    given = {name: _option(argv, name) for name in NOT_QUICKSTART if _option(argv, name) is not None}
+    if not given or "-h" in argv or "--help" in argv:  # `train --method gigpo --help`: that method's options
+        return
+    flags = " and ".join(f"--{name}" for name in given)
+    env, method, model = given.get("env_name"), given.get("method"), given.get("model_name_or_path")
+    table = _config_table()
+    exact = [name for name, (m, e, _) in table.items() if env in (None, e) and method in (None, m)]
+    candidates = exact or [name for name, (m, e, _) in table.items() if e == env or m == method]
+
+    def rank(name: str) -> tuple[bool, bool, bool, str]:  # the env, the method asked for (else grpo), a real model
+        config_method, config_env, config_model = table[name]
+        return (config_env != env, config_method != (method or "grpo"), config_model.startswith("tiny") == bool(model),
+                name)
+
+    example = ""
+    if candidates and (env or method):
+        closest = min(candidates, key=rank)
+        example = f" (e.g. --config {closest})" if exact else (
+            f" (none is packaged for {' on '.join(filter(None, (method, env)))}; the closest is {closest}: "
+            f"{table[closest][0]} on {table[closest][1]})")
+    raise ValueError(
+        f"{flags} without --config: train would run the quickstart (a tiny built-in model on FrozenLake) with its "
+        f"prompts and env settings. Add --config NAME{example}, a packaged config your flags then override "
+        "(`trl-agents configs` lists them), or --config FILE, your own YAML"
+    )
 
 
 def train(argv: list[str]) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from .run import run_training
 
+    argv = _split_config(argv)
     if "--config" not in argv:
+        _check_quickstart_overrides(argv)
         argv = ["--config", packaged_config(QUICKSTART), *argv]
     method, (run_args, config, model_args) = _parse(argv, "train")
     outer_loop = getattr(method.trainer_class, "outer_loop", None)  # a controller (llmzero) names its outer loop
@@ -97,9 +237,9 @@ def _parse(argv: list[str], command: str, extra: tuple = ()):
     from .trainers import get_method
 
     position = argv.index("--config") + 1
-    config_path = argv[position] if position < len(argv) else None
-    if config_path is None or not os.path.isfile(config_path):
-        raise SystemExit(f"trl-agents {command}: config file not found: {config_path}")
+    if position >= len(argv):
+        raise ValueError("--config needs a value: a YAML file, or a packaged config's name (`trl-agents configs`)")
+    config_path = argv[position] = resolve_config(argv[position])
     file_config = _read_config(config_path)
     method = get_method(_method_of(argv, file_config))
     extra = tuple(c for c in extra if not issubclass(method.config_class, c))  # (LLMZeroConfig has them already)
@@ -149,12 +289,13 @@ def search(argv: list[str]) -> dict[str, Any]:
     from .search import run_search
     from .strategy import SearchArguments
 
-    argv = [_alias(arg) for arg in argv]
+    argv = _split_config([_alias(arg) for arg in argv])
     if "--config" not in argv:
         if "-h" in argv or "--help" in argv:
             argv = ["--config", packaged_config(QUICKSTART), *argv]
         else:
-            raise SystemExit("trl-agents search: give --config CONFIG (the YAML of the run the search starts from)")
+            raise SystemExit("trl-agents search: give --config CONFIG (the YAML of the run the search starts from, "
+                             "or a packaged config's name, e.g. llmzero_sokoban: `trl-agents configs` lists them)")
     _, parsed = _parse(argv, "search", extra=(SearchArguments,))
     run_args, config, model_args = parsed[:3]
     return run_search(run_args, config, model_args, parsed[3] if len(parsed) > 3 else None)
@@ -425,22 +566,29 @@ def list_envs(argv: list[str] | None = None) -> None:
         f" (missing: {', '.join(cls.missing_requirements())})" if cls.missing_requirements() else ""))
     splits = [split for split in ("train", "eval", "unseen") if _has_split(cls, split)]
     print(f"splits: {', '.join(splits) or '-'}")
-    print(f"README: {_env_readme(cls)} in the repository")
+    readme = _env_readme(cls)
+    if readme is not None:  # a source checkout; an installed package has no envs/ folder to point to
+        print(f"README: {readme} (in the source tree)")
     print("instructions shown to the policy:")
     print("  " + cls.instructions.replace("\n", "\n  "))
 
 
-def _env_readme(cls) -> str:
-    """`envs/<folder>/README.md`: the folder is named after the env, or after its module (webshop-lite lives in
-    webshop.py and shares its README)."""
+def _source_tree():
+    """The repository root when trl-agents runs from a source checkout (`src/trl_agents/cli.py`)."""
     from pathlib import Path
 
-    repository = Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[2]
+
+
+def _env_readme(cls) -> str | None:
+    """`envs/<folder>/README.md` when the source tree has it, else None (a pip install has no `envs/` folder): the
+    folder is named after the env, or after its module (webshop-lite lives in webshop.py and shares its README)."""
+    repository = _source_tree()
     module = cls.__module__.rsplit(".", 1)[-1]
     for folder in (cls.name, cls.name.replace("-", "_"), module):
-        if (repository / "envs" / folder / "README.md").exists():
+        if (repository / "envs" / folder / "README.md").is_file():
             return f"envs/{folder}/README.md"
-    return f"envs/{module}/README.md"
+    return None
 
 
 def _has_split(cls, split: str) -> bool:
@@ -463,17 +611,90 @@ def list_methods() -> None:
         print(f"    env capabilities: {', '.join(method.env_capabilities) or 'none'}" + (f"; sets {defaults}" if defaults else ""))
 
 
+ENV_PACKAGES = (("TRL", "trl"), ("transformers", "transformers"), ("PyTorch", "torch"), ("accelerate", "accelerate"),
+                ("PEFT", "peft"), ("datasets", "datasets"), ("huggingface_hub", "huggingface_hub"), ("vLLM", "vllm"),
+                ("DeepSpeed", "deepspeed"))
+"""(label, distribution) of each package whose version `trl-agents env` reports."""
+
+
+def report_env(argv: list[str] | None = None) -> None:
+    """`trl-agents env`: the versions a bug report needs (platform, Python, trl-agents and the libraries it runs
+    on, the accelerator) and whether a Hub token is set (yes or no; never the token)."""
+    import platform
+    from importlib import metadata
+
+    from . import __version__
+
+    argparse.ArgumentParser(prog="trl-agents env", description=report_env.__doc__).parse_args(argv or [])
+
+    def version(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    lines = [("Platform", platform.platform()), ("Python", platform.python_version()), ("trl-agents", __version__)]
+    for label, distribution in ENV_PACKAGES:
+        lines.append((label, version(distribution)))
+        if distribution == "torch" and lines[-1][1] != "not installed":
+            lines.append(("CUDA available", _cuda_summary()))
+    from huggingface_hub import get_token
+
+    lines.append(("Hub token set", "yes" if get_token() else "no"))
+    print("Copy-paste the following information when reporting an issue:\n")
+    for label, value in lines:
+        print(f"- {label}: {value}")
+
+
+def _cuda_summary() -> str:
+    """`yes (N x DEVICE NAME, CUDA V)` or `no`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no"
+    count = torch.cuda.device_count()
+    return f"yes ({count} x {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda})"
+
+
+COMMANDS = {
+    "train": "train a model with a method on an environment (no --config: the CPU quickstart)",
+    "eval": "evaluate a checkpoint on held-out tasks, with the prompts it was trained with",
+    "push": "push a run (model, card, eval results, trajectories) or a results table to the Hub",
+    "envs": "list the environments and their capabilities; `envs NAME` describes one",
+    "methods": "list the methods with their papers, hooks, signals and docs",
+    "search": "LLMZero's tree search over training strategies, from a config's method",
+    "configs": "list the packaged training and accelerate configs; `configs NAME` prints one's path",
+    "env": "print the versions to include in a bug report",
+}
+"""Each subcommand of `trl-agents` with the line `trl-agents --help` shows for it."""
+
+
+def _help() -> str:
+    """`trl-agents --help`: usage, what the tool does, and a line per subcommand."""
+    commands = "\n".join(f"  {name:<9} {description}" for name, description in COMMANDS.items())
+    return (
+        "usage: trl-agents COMMAND [OPTIONS]   (`trl-agents COMMAND --help` lists a command's options)\n\n"
+        "Train LLM agents on multi-turn environments with RL, on TRL.\n\n"
+        f"commands:\n{commands}\n\n"
+        "options:\n  -h, --help  show this message and exit\n  --version   print the version and exit\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": train, "eval": evaluate, "push": push, "envs": list_envs, "methods": list_methods,
-                "search": search}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        parser = argparse.ArgumentParser(prog="trl-agents", description=__doc__.split("\n\n")[0])
-        parser.add_argument("command", choices=sorted(commands), help="what to do; `trl-agents COMMAND --help`")
-        if not argv:
-            parser.print_help()
-            raise SystemExit(2)
-        parser.parse_args(argv[:1])
+                "search": search, "configs": list_configs, "env": report_env}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_help(), end="")
+        raise SystemExit(2 if not argv else 0)
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"trl-agents {__version__}")
+        return
+    if argv[0] not in commands:
+        raise SystemExit(f"trl-agents: error: unknown command {argv[0]!r}.{did_you_mean(argv[0], commands)} "
+                         "(`trl-agents --help` lists the commands)")
     command, rest = argv[0], argv[1:]
     try:
         if command == "methods":
@@ -485,6 +706,10 @@ def main(argv: list[str] | None = None) -> None:
             commands[command]()
         else:
             commands[command](rest)
+        sys.stdout.flush()  # here, so that a reader that stopped early (`| head`) is caught below
+    except BrokenPipeError:  # a listing piped into `head`, which stopped reading: not an error of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        raise SystemExit(0) from None
     except (ValueError, PermissionError, ConnectionError) as err:
         # Our validation errors name the field and the fix, and the Hub's refused or missing token and unreachable
         # endpoint (`trl-agents push`) name the fix too; a traceback would only bury that. TRL_AGENTS_DEBUG=1 shows

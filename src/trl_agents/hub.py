@@ -10,9 +10,15 @@
    `model_cards/model_card.md` (method, paper, environment, key settings, eval table and `model-index`, learning
    curve, links to the trajectories and the config), and the eval results in the Hub's `.eval_results/*.yaml` format.
 
-Sub-folders (`checkpoint-*`, `base-model`, `warm-start`) are not pushed. Nothing is written into RUN_DIR, so a failed
-push leaves the run as it was. Checkpoints during training go through TRL instead: `AgentGRPOConfig(push_to_hub=True,
-hub_model_id="user/name")` pushes the output directory with TRL's own card.
+3. the tasks each evaluation played, as a benchmark dataset `user/<env>-<split>-tasks` with an `eval.yaml`
+   (`push_eval_tasks`), which the `.eval_results/*.yaml` entries name: the scores link to a dataset that exists, and
+   the Hub lists them on that dataset's leaderboard once it allow-lists it as a benchmark.
+
+Sub-folders (`checkpoint-*`, `base-model`, `warm-start`, `trajectories`) never go into the model repo. Nothing is
+written into RUN_DIR, so a failed push leaves the run as it was. A second push keeps what was edited on the Hub: the
+card's metadata is merged (keys and tags added there stay), and a card body rewritten there is kept as it is.
+During training, `AgentGRPOConfig(push_to_hub=True, hub_model_id="user/name")` pushes through the same function
+(`AgentGRPOTrainer.push_to_hub`), and checkpoint pushes carry the model files only (`checkpoint_files`).
 
 Example:
     ```python
@@ -32,7 +38,7 @@ from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
-import httpx
+from huggingface_hub.utils import httpx  # the client's HTTP library: httpx (hub 1.x) or httpx2 (hub 2.x)
 import yaml
 from huggingface_hub import (
     CommitOperationAdd,
@@ -51,12 +57,19 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineMod
 from huggingface_hub.utils import validate_repo_id
 
 from .evaluation import EVAL_DIR, EVAL_METRICS, eval_result_paths, read_eval_results
-from .records import RUN_INFO_NAME, TRAJECTORIES_DIR, TRAJECTORY_FEATURES, read_run_info, shard_files
+from .records import (
+    RUN_INFO_NAME,
+    TRAJECTORIES_DIR,
+    TRAJECTORY_FEATURES,
+    hub_base_model,
+    read_run_info,
+    shard_files,
+)
 
 LEARNING_CURVE_NAME = "learning_curve.png"
 DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
-# Our choice: envs have no benchmark dataset on the Hub, so eval results name `trl-agents/<env>` as their dataset.
-BENCHMARK_NAMESPACE = "trl-agents"
+CARD_MARKER = "<!-- trl-agents model card -->"
+"""Marks a card body trl-agents rendered: a push re-renders such a body and keeps any other (edited on the Hub)."""
 # Display names of `evaluation.EVAL_METRICS` (tests/io/test_hub.py checks that every metric has one).
 METRIC_NAMES = {
     "success_rate": "Success rate",
@@ -87,6 +100,9 @@ def push_run(
     push_trajectories: bool = True,
     commit_message: str = DEFAULT_COMMIT_MESSAGE,
     method=None,
+    push_eval_tasks: bool = True,
+    revision: str | None = None,
+    create_pr: bool = False,
 ) -> dict[str, str | None]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
@@ -99,9 +115,14 @@ def push_run(
         push_trajectories: Push `RUN_DIR/trajectories/*.parquet` as a dataset (when there are any).
         commit_message: Message of the model repo's commit.
         method: The run's registered method, for a run that recorded no `method_card` (see `render_model_card`).
+        push_eval_tasks: Publish the tasks of every evaluation as a benchmark dataset (`push_eval_tasks`) and name it
+            in `.eval_results/`; False writes the scores into the card's `model-index` only.
+        revision: Branch of the model repo to commit to (default: main).
+        create_pr: Open a pull request with the model commit instead of committing (e.g. to add a run's card and eval
+            results to a repo you cannot write to directly).
 
     Returns:
-        `{"model": URL, "dataset": URL or None, "commit": URL}`.
+        `{"model": URL, "dataset": URL or None, "commit": URL}` (`commit` is the pull request's URL with create_pr).
 
     Raises:
         ValueError: a bad repo id or a RUN_DIR without a saved model (before any network call).
@@ -125,14 +146,55 @@ def push_run(
             dataset_repo_id = dataset_repo_id or f"{model_url.repo_id}-trajectories"
             dataset_url = _push_trajectories(api, shards, dataset_repo_id, model_url.repo_id, run_info, private)
         dataset_repo_id = dataset_url.repo_id if dataset_url else None
+        namespace = model_url.repo_id.split("/")[0]
+        benchmarks = _push_benchmarks(api, run_dir, eval_results, namespace, private) if push_eval_tasks else {}
         card = render_model_card(run_dir, model_url.repo_id, dataset_repo_id=dataset_repo_id, run_info=run_info,
-                                 eval_results=eval_results, method=method)
+                                 eval_results=eval_results, method=method, benchmarks=benchmarks)
+        card = merge_with_pushed_card(card, _pushed_card(api, model_url.repo_id, revision))
         operations = [CommitOperationAdd(path_in_repo, path) for path_in_repo, path in files]
         operations.append(CommitOperationAdd("README.md", str(card).encode()))
-        for name, entries in eval_result_files(eval_results, str(model_url)).items():
+        for name, entries in eval_result_files(eval_results, str(model_url), benchmarks).items():
             operations.append(CommitOperationAdd(f".eval_results/{name}.yaml", entries.encode()))
-        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message)
-    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit.commit_url}
+        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message, revision=revision,
+                                   create_pr=create_pr)
+    commit_url = commit.pr_url if create_pr and commit.pr_url else commit.commit_url
+    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit_url}
+
+
+def merge_with_pushed_card(card: ModelCard, pushed: ModelCard | None) -> ModelCard:
+    r"""`card` (just rendered) merged with the card already on the Hub, so that a push keeps what was edited there:
+    metadata keys the render does not set (license, language, ...) are kept, tags are the union, and a body without
+    `CARD_MARKER` (rewritten on the Hub) replaces the rendered one.
+
+    >>> pushed = ModelCard("---\nlicense: mit\ntags: [mine]\n---\nMy own words.")
+    >>> merged = merge_with_pushed_card(ModelCard(f"---\ntags: [trl]\n---\n{CARD_MARKER}\nRendered."), pushed)
+    >>> merged.data.license, merged.data.tags, merged.text.strip()
+    ('mit', ['trl', 'mine'], 'My own words.')
+    """
+    if pushed is None:
+        return card
+    ours, theirs = card.data.to_dict(), pushed.data.to_dict()
+    merged = {**theirs, **ours}
+    tags = [*(ours.get("tags") or []), *(theirs.get("tags") or [])]
+    if tags:
+        merged["tags"] = list(dict.fromkeys(tags))
+    body = card.text if CARD_MARKER in pushed.text or not pushed.text.strip() else pushed.text
+    return ModelCard(f"---\n{yaml.safe_dump(merged, sort_keys=False, allow_unicode=True)}---\n{body}")
+
+
+def _pushed_card(api, repo_id: str, revision: str | None) -> ModelCard | None:
+    """The README.md card of the model repo, None when it has none (a new repo)."""
+    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
+
+    try:
+        path = api.hf_hub_download(repo_id, "README.md", revision=revision)
+    except (EntryNotFoundError, RemoteEntryNotFoundError):
+        return None
+    except HfHubHTTPError as err:
+        if err.response is not None and err.response.status_code == 404:
+            return None
+        raise
+    return ModelCard.load(path)
 
 
 def render_model_card(
@@ -143,6 +205,7 @@ def render_model_card(
     run_info: dict[str, Any] | None = None,
     eval_results: list[dict[str, Any]] | None = None,
     method=None,
+    benchmarks: dict[str, str] | None = None,
 ) -> ModelCard:
     """The model card of a run, from `model_cards/model_card.md`, as a `huggingface_hub.ModelCard`.
 
@@ -154,6 +217,8 @@ def render_model_card(
         eval_results: The run's `read_eval_results`, when the caller read them already (default: read from run_dir).
         method: The run's registered method (a `trl_agents.trainers.Method`), for a run whose `run_info.json` has no
             `method_card` (the CLI passes it); default: the `method_card` the run recorded.
+        benchmarks: The benchmark dataset of each evaluation (its name -> dataset id, `push_eval_tasks`), named as the
+            `model-index` dataset.
 
     Example:
         >>> import json, pathlib, tempfile
@@ -173,8 +238,8 @@ def render_model_card(
     config = run_info.get("config") or {}
     method = method.card_info() if method is not None else run_info.get("method_card") or {}
     env = run_info.get("env") or agent_config.get("env_name")
-    base_model = run_info.get("model") or adapter_config.get("base_model_name_or_path")
-    base_model = base_model if base_model and _is_hub_id(base_model) else None
+    base_model = (run_info.get("base_model") or hub_base_model(run_info.get("model"))
+                  or hub_base_model(adapter_config.get("base_model_name_or_path")))
     model_name = (repo_id or os.path.basename(os.path.abspath(run_dir))).split("/")[-1]
     tags = ["trl", "trl-agents", *method.get("tags", [])]
     tags += [t for t in (run_info.get("method"), env, "reinforcement-learning") if t]
@@ -186,7 +251,7 @@ def render_model_card(
         pipeline_tag="text-generation",
         tags=list(dict.fromkeys(tags)),
         datasets=[dataset_repo_id] if dataset_repo_id else None,
-        eval_results=eval_results_for_card(results) or None,
+        eval_results=eval_results_for_card(results, benchmarks) or None,
     )
     paper = method.get("paper")
     paper_id = paper.removeprefix("arXiv ").strip() if paper and paper.startswith("arXiv") else None
@@ -214,28 +279,33 @@ def render_model_card(
         config_file=RUN_INFO_NAME if run_info else None,
         config_hash=run_info.get("config_hash"),
         versions=versions,
+        version=run_info.get("trl_agents_version"),
+        benchmarks=sorted(set((benchmarks or {}).values())),
+        marker=CARD_MARKER,
         agent_config=bool(agent_config),
         dataset_repo_id=dataset_repo_id,
         dataset_url=f"{constants.ENDPOINT}/datasets/{dataset_repo_id}" if dataset_repo_id else None,
     )
 
 
-def eval_results_for_card(results: list[dict[str, Any]]) -> list[EvalResult]:
+def eval_results_for_card(results: list[dict[str, Any]], benchmarks: dict[str, str] | None = None) -> list[EvalResult]:
     """`huggingface_hub.EvalResult`s (the card's `model-index`): one per metric of every evaluation.
 
-    Our choice of fields: task `reinforcement-learning`; dataset `trl-agents/<env>` on the evaluation's split, with
-    the evaluation's name as dataset config (so that each evaluation is one `model-index` result) and the settings
-    that make two evaluations comparable (`num_tasks`, `max_turns`, decoding) as dataset arguments.
+    Our choice of fields: task `reinforcement-learning`; dataset: the evaluation's benchmark dataset when it was
+    published (`benchmarks`, `push_eval_tasks`), else the environment's name, on the evaluation's split, with the
+    evaluation's name as dataset config (so that each evaluation is one `model-index` result) and the settings that
+    make two evaluations comparable (`num_tasks`, `max_turns`, decoding) as dataset arguments.
     """
     card_results = []
     for result in results:
         env, split = result.get("env") or "unknown", result.get("split") or "eval"
+        dataset = (benchmarks or {}).get(result.get("name")) or env
         arguments = {key: result[key] for key in ("num_tasks", "max_turns", "greedy", "num_samples") if key in result}
         for metric, value in result.get("metrics", {}).items():
             card_results.append(EvalResult(
                 task_type="reinforcement-learning",
                 task_name=f"Multi-turn agent ({env})",
-                dataset_type=f"{BENCHMARK_NAMESPACE}/{env}",
+                dataset_type=dataset,
                 dataset_name=f"{env} {split} tasks",
                 dataset_config=result.get("name"),
                 dataset_split=split,
@@ -247,21 +317,28 @@ def eval_results_for_card(results: list[dict[str, Any]]) -> list[EvalResult]:
     return card_results
 
 
-def eval_result_files(results: list[dict[str, Any]], model_url: str | None = None) -> dict[str, str]:
-    """The Hub's `.eval_results/{name}.yaml` files of the evaluations: name -> YAML text.
+def eval_result_files(results: list[dict[str, Any]], model_url: str | None = None,
+                      benchmarks: dict[str, str] | None = None) -> dict[str, str]:
+    """The Hub's `.eval_results/{name}.yaml` files of the evaluations published as benchmarks: name -> YAML text.
 
-    One entry per metric; our choice: dataset `trl-agents/<env>`, task id `<split>/<metric>`, the decoding and budget
-    in `notes`, the evaluation time as `date`, and the model repo as source.
+    An entry names a benchmark dataset (`benchmarks`: evaluation name -> dataset id, `push_eval_tasks`); an
+    evaluation without one gets no file (its scores are in the card's `model-index`), as an entry naming a dataset
+    that does not exist shows nowhere. One entry per metric; our choice: task id = the metric (a task of the
+    benchmark's `eval.yaml`), the decoding and budget in `notes`, the evaluation time as `date`, the model repo as
+    source.
     """
     files = {}
     for result in results:
         env, split = result.get("env") or "unknown", result.get("split") or "eval"
+        benchmark = (benchmarks or {}).get(result.get("name"))
+        if benchmark is None:
+            continue
         notes = _eval_row(result)
         notes = f"{notes['decoding']}, {notes['num_tasks']} tasks, max {notes['max_turns']} turns"
         entries = [
             EvalResultEntry(
-                dataset_id=f"{BENCHMARK_NAMESPACE}/{env}",
-                task_id=f"{split}/{metric}",
+                dataset_id=benchmark,
+                task_id=metric,
                 value=value,
                 date=result.get("created"),
                 source_url=model_url,
@@ -287,6 +364,80 @@ def check_repo_id(repo_id: str, argument: str) -> None:
 
 
 # ---- push steps ----------------------------------------------------------------------------------------------------
+
+
+def eval_tasks_repo_id(namespace: str, result: dict[str, Any], env_kwargs: dict[str, Any] | None = None) -> str:
+    """The benchmark dataset of an evaluation's tasks: `{namespace}/{env}-{split}-tasks`, plus a hash of the
+    environment's arguments when it has any (other arguments, other tasks).
+
+    >>> eval_tasks_repo_id("me", {"env": "sokoban", "split": "eval"})
+    'me/sokoban-eval-tasks'
+    >>> eval_tasks_repo_id("me", {"env": "sokoban", "split": "eval"}, {"size": 5})
+    'me/sokoban-eval-tasks-39a7ac56'
+    """
+    import hashlib
+
+    name = f"{result.get('env') or 'unknown'}-{result.get('split') or 'eval'}-tasks"
+    if env_kwargs:
+        canonical = json.dumps(env_kwargs, sort_keys=True, separators=(",", ":"), default=str)
+        name += "-" + hashlib.sha256(canonical.encode()).hexdigest()[:8]
+    return f"{namespace}/{name}"
+
+
+def push_eval_tasks(api, repo_id: str, result: dict[str, Any], env_kwargs: dict[str, Any] | None = None,
+                    private: bool = False) -> RepoUrl:
+    """Publish the tasks an evaluation played as the dataset `repo_id` (split `test`, one row per task, as
+    `AgentEnv.task_split` builds them) with an `eval.yaml` that declares it a benchmark: one task per metric the
+    evaluations report. The tasks of a split are a deterministic prefix, so the first `num_tasks` rows are exactly
+    what an evaluation of `num_tasks` tasks played. The Hub shows a leaderboard on it once it allow-lists the
+    dataset."""
+    from datasets import Dataset
+
+    from .envs import get_env_class
+
+    env, split = result.get("env"), result.get("split") or "eval"
+    tasks = get_env_class(env).task_split(split, result.get("num_tasks"), **(env_kwargs or {}))
+    rows = Dataset.from_list([{"task": json.dumps(task, sort_keys=True, default=str)} for task in tasks])
+    url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+    rows.push_to_hub(url.repo_id, split="test", private=private, token=api.token, commit_message="Upload tasks")
+    metrics = ["success_rate", "episode_return", "episode_length", "valid_action_rate"]
+    metrics += sorted({key for key in result.get("metrics", {}) if key.startswith("pass_at_")})
+    eval_yaml = {
+        "name": f"trl-agents {env} ({split} split)",
+        "description": f"Multi-turn episodes of the trl-agents environment {env!r} on the tasks of its {split!r} "
+                       f"split (environment arguments: {json.dumps(env_kwargs or {}, sort_keys=True)}): a policy plays "
+                       "each task (the `task` column, JSON) until the episode ends; `trl-agents eval` runs it.",
+        "evaluation_framework": "trl-agents",
+        "tasks": [{"id": metric, "config": "default", "split": "test"} for metric in metrics],
+    }
+    card = DatasetCard.load(url.repo_id, token=api.token)
+    card.data.pretty_name = f"{env} {split} tasks (trl-agents)"
+    card.data.tags = sorted({*(card.data.get("tags") or []), "trl-agents", "benchmark", "reinforcement-learning", env})
+    card.data.task_categories = ["reinforcement-learning"]
+    card.text = (f"\n# {env} {split} tasks\n\nThe tasks of the trl-agents environment `{env}` (split `{split}`), one "
+                 "row per task, for evaluating agents: `trl-agents eval --model_name_or_path MODEL --env_name "
+                 f"{env} --split {split}`. `eval.yaml` declares the benchmark's tasks (one per metric).\n")
+    api.create_commit(url.repo_id, [
+        CommitOperationAdd("eval.yaml", yaml.safe_dump(eval_yaml, sort_keys=False).encode()),
+        CommitOperationAdd("README.md", str(card).encode()),
+    ], repo_type="dataset", commit_message="Benchmark description (eval.yaml)")
+    return url
+
+
+def _push_benchmarks(api, run_dir: str, results: list[dict[str, Any]], namespace: str,
+                     private: bool) -> dict[str, str]:
+    """`push_eval_tasks` for every evaluation of the run whose environment is registered: name -> dataset id."""
+    from .checkpoints import load_agent_config
+    from .envs import list_envs
+
+    env_kwargs = load_agent_config(run_dir).get("env_kwargs") or {}
+    benchmarks: dict[str, str] = {}
+    for result in results:
+        if result.get("env") not in list_envs() or not result.get("name"):
+            continue
+        repo_id = eval_tasks_repo_id(namespace, result, env_kwargs)
+        benchmarks[result["name"]] = push_eval_tasks(api, repo_id, result, env_kwargs, private).repo_id
+    return benchmarks
 
 
 def push_results(
@@ -348,9 +499,23 @@ def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_
     steps = Dataset.from_parquet(shards, features=TRAJECTORY_FEATURES)
     url = api.create_repo(dataset_repo_id, repo_type="dataset", private=private, exist_ok=True)
     steps.push_to_hub(url.repo_id, private=private, token=api.token, commit_message="Upload trajectories")
+    # The `sft` subset: the valid steps of successful episodes as TRL's conversational prompt-completion rows, so that
+    # `trl sft --dataset_name REPO --dataset_config sft` trains on them as they are.
+    sft = sft_rows(steps)
+    if len(sft):
+        sft.push_to_hub(url.repo_id, config_name="sft", private=private, token=api.token,
+                        commit_message="Upload the SFT subset")
     pushed = DatasetCard.load(url.repo_id, token=api.token)
+    data = pushed.data
+    env, method = run_info.get("env"), run_info.get("method")
+    data.pretty_name = f"{method or 'trl-agents'} trajectories on {env or 'agent environments'}"
+    data.tags = sorted({*(data.get("tags") or []), "trl", "trl-agents", "trajectories", "reinforcement-learning",
+                        *(name for name in (env, method) if name)})
+    data.task_categories = sorted({*(data.get("task_categories") or []), "reinforcement-learning", "text-generation"})
+    data.size_categories = [_size_category(len(steps))]
+    data.license = data.get("license") or _base_license(api, run_info)
     card = DatasetCard.from_template(
-        pushed.data,
+        data,
         template_path=str(resources.files("trl_agents").joinpath("model_cards", "trajectories_card.md")),
         repo_id=url.repo_id,
         model_repo_id=model_repo_id,
@@ -358,12 +523,83 @@ def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_
         env=run_info.get("env"),
         method=run_info.get("method"),
         num_rows=len(steps),
+        num_sft_rows=len(sft),
         num_shards=len(shards),
         columns=", ".join(f"`{name}`" for name in steps.column_names),
     )
     api.upload_file(path_or_fileobj=str(card).encode(), path_in_repo="README.md", repo_id=url.repo_id,
                     repo_type="dataset", commit_message="Trajectory dataset card")
     return url
+
+
+TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "rng_state*.pth")
+"""Files of a checkpoint that only resuming needs (`checkpoint_files` leaves them out of the repo's root)."""
+
+
+def checkpoint_files(checkpoint_dir: str) -> list[str]:
+    """The files of a checkpoint folder that a model repo's root gets during training: its top-level files (weights
+    or adapter, config, tokenizer, `agent_config.json`, `run_info.json`), without the training state (`TRAINING_STATE`)
+    or sub-folders, nor the README (PEFT writes its own card into a checkpoint; the run's card is pushed at the end).
+
+    >>> import pathlib, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> for name in ("model.safetensors", "config.json", "optimizer.pt", "rng_state_0.pth", "README.md"):
+    ...     _ = pathlib.Path(folder, name).write_text("")
+    >>> checkpoint_files(folder)
+    ['config.json', 'model.safetensors']
+    """
+    from fnmatch import fnmatch
+
+    names = [name for name in os.listdir(checkpoint_dir) if os.path.isfile(os.path.join(checkpoint_dir, name))]
+    return sorted(name for name in names if not name.startswith((".", "_")) and name != "README.md"
+                  and not any(fnmatch(name, pattern) for pattern in TRAINING_STATE))
+
+
+def push_checkpoint(checkpoint_dir: str, repo_id: str, commit_message: str, *, token: str | None = None,
+                    revision: str | None = None, checkpoint_path: str | None = None) -> list:
+    """Upload a checkpoint during training, in the background: its `checkpoint_files` to the repo's root and, with
+    `checkpoint_path` (e.g. "last-checkpoint"), the whole checkpoint under that folder. Returns the upload futures."""
+    api = HfApi(token=token)
+    jobs = [api.upload_folder(repo_id=repo_id, folder_path=checkpoint_dir,
+                              allow_patterns=checkpoint_files(checkpoint_dir), commit_message=commit_message,
+                              revision=revision, run_as_future=True)]
+    if checkpoint_path:
+        jobs.append(api.upload_folder(repo_id=repo_id, folder_path=checkpoint_dir, path_in_repo=checkpoint_path,
+                                      commit_message=f"{commit_message}, checkpoint", revision=revision,
+                                      run_as_future=True))
+    return jobs
+
+
+def sft_rows(steps):
+    """The valid steps of successful episodes, as TRL's conversational prompt-completion rows (`prompt`,
+    `completion`), from a trajectory dataset (`TRAJECTORY_FEATURES`): what imitation learns from. Steps recorded
+    without their chat (empty `prompt`) are left out."""
+    kept = steps.filter(lambda row: bool(row["success"]) and bool(row["valid"]) and row["step"] >= 0
+                        and len(row["prompt"]) > 0)
+    return kept.select_columns(["prompt", "completion"])
+
+
+def _size_category(rows: int) -> str:
+    """The Hub's `size_categories` value for a dataset of `rows` rows.
+
+    >>> _size_category(502), _size_category(12_000)
+    ('n<1K', '10K<n<100K')
+    """
+    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if rows < bound:
+            return name
+    return "1M<n<10M" if rows < 10_000_000 else "n>10M"
+
+
+def _base_license(api, run_info: dict[str, Any]) -> str | None:
+    """The license of the run's base model on the Hub (the trajectories are its outputs), None when unknown."""
+    base = run_info.get("base_model")
+    if not base:
+        return None
+    try:
+        return (api.model_info(base).card_data or {}).get("license")
+    except (HfHubHTTPError, OSError, ValueError):
+        return None
 
 
 def _token_or_error(token: str | None) -> str | None:
@@ -420,15 +656,6 @@ def _adapter_config(run_dir: str) -> dict[str, Any]:
         return {}
     with open(path) as handle:
         return json.load(handle)
-
-
-def _is_hub_id(name: str) -> bool:
-    """Whether a base model reference is a Hub repo id (not a local path), as the card's `base_model` needs."""
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return "/" in name and not os.path.exists(name)
 
 
 def _key_settings(config: dict[str, Any], method_card: dict[str, Any]) -> list[tuple[str, str]]:

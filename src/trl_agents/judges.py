@@ -8,8 +8,9 @@ learn from judged text (GRSD's reflections, a process scorer) call one judge per
 Built in:
 
 * `EndpointJudge`: an OpenAI-compatible server (`vllm serve`, or any service speaking `/v1/chat/completions` or
-  `/v1/completions`), temperature 0, a few tokens, a timeout per request, requests in parallel; `probe()` checks the
-  server answers (`GET /v1/models`) before a run starts.
+  `/v1/completions`), temperature 0, a few tokens, a timeout per request, requests in parallel, retried with
+  exponential backoff on 429, 5xx and dropped connections; `probe()` checks the server answers (`GET /v1/models`)
+  before a run starts.
 * `LocalJudge`: a transformers model loaded from a path or Hub id, greedy decoding.
 * `GeneratorJudge`: any function that turns chats into answer texts (a trainer's own generator: the policy judging).
 * `CallableJudge`: wraps a user's function, whose answers may be numbers, texts to parse, or None.
@@ -30,19 +31,26 @@ Example:
 
 from __future__ import annotations
 
+import email.utils
+import http.client
 import json
+import logging
 import math
+import random
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from typing import Any
 
 from .trajectory import Trajectory
 
 Messages = list[dict[str, str]]
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+logger = logging.getLogger(__name__)
 
 
 def parse_score(text: Any, low: int = 0, high: int = 3) -> float | None:
@@ -130,6 +138,66 @@ class GeneratorJudge(CallableJudge):
         return [coerce_score(a, self.low, self.high) for a in answers]
 
 
+# ---- retries of the endpoint judge ------------------------------------------------------------------------------
+
+RETRY_STATUSES = frozenset({429, *range(500, 600)} - {501, 505})
+"""HTTP statuses worth another try: 429 Too Many Requests and the server errors that waiting can heal (all of 5xx but
+501 Not Implemented and 505 HTTP Version Not Supported)."""
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """The seconds a `Retry-After` header asks to wait: its delay-seconds, or the time from `now` (default: the clock)
+    to its HTTP-date (0 when that is past); None when there is no header or it cannot be read.
+
+    >>> parse_retry_after("7"), parse_retry_after(" 0 "), parse_retry_after("soon"), parse_retry_after(None)
+    (7.0, 0.0, None, None)
+    >>> parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=datetime(2015, 10, 21, 7, 27, 50, tzinfo=timezone.utc))
+    10.0
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is in GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+def backoff_delay(retry: int, base: float, cap: float, retry_after: float | None = None,
+                  jitter: float | None = None) -> float:
+    """Seconds to wait before retry number `retry` (0: the first), at most `cap`: the server's `Retry-After` when it
+    sent one, else `d = min(cap, base * 2**retry)` with "equal jitter", a point of [d/2, d] (`jitter` in [0, 1] picks
+    it, uniformly at random when None), so that requests refused together do not come back together.
+
+    >>> [backoff_delay(r, 1.0, 30.0, jitter=0.0) for r in range(7)]  # d/2: 1/2, 2/2, 4/2, ..., then 30/2
+    [0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
+    >>> backoff_delay(2, 1.0, 30.0, jitter=0.5), backoff_delay(9, 1.0, 30.0, jitter=1.0)  # 4·0.75, min(30, 512)
+    (3.0, 30.0)
+    >>> backoff_delay(0, 1.0, 30.0, retry_after=7.0), backoff_delay(0, 1.0, 30.0, retry_after=120.0)
+    (7.0, 30.0)
+    """
+    if retry_after is not None:
+        return min(cap, max(0.0, retry_after))
+    delay = min(cap, base * 2.0 ** retry)
+    return delay / 2 * (1 + (random.random() if jitter is None else jitter))
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether a failed request is worth another try: an HTTP answer in `RETRY_STATUSES`, or a connection that was
+    refused, reset or cut short. Not a timeout: `timeout` bounds the wait for one answer, and sending again to a server
+    too slow to answer would multiply both its load and the wait."""
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code in RETRY_STATUSES
+    if isinstance(err, urllib.error.URLError):
+        err = err.reason
+    return isinstance(err, ConnectionError | http.client.IncompleteRead)
+
+
 class EndpointJudge:
     """An OpenAI-compatible server as a judge (e.g. `vllm serve <model>`).
 
@@ -138,11 +206,34 @@ class EndpointJudge:
         model: The served model's name; None = the first one `GET /v1/models` lists (read by `probe`).
         api: `"chat"` (POST /v1/chat/completions with the messages) or `"completions"` (POST /v1/completions with
             `prompt_text(messages)`).
-        timeout: Seconds one request may take; past it (or on any HTTP/JSON error) that answer is None.
+        timeout: Seconds one request may take; past it (or on any HTTP/JSON error retries did not cure) that answer
+            is None.
         max_tokens: Token budget of an answer (16: one score).
         workers: Requests sent at once.
         api_key: Sent as a bearer token when given.
         low, high: The scale.
+        attempts: Tries of one request (1: no retry). A loaded server's 429 or 5xx, or a refused, reset or cut
+            connection, is tried again after `backoff_delay(retry, backoff, max_backoff, Retry-After)` seconds:
+            `backoff`, 2·`backoff`, 4·`backoff`, ... (each jittered down by up to half), or what the answer's
+            `Retry-After` header asks; never more than `max_backoff`. Timeouts and other answers are not retried.
+            With the defaults a request gives up after 4 tries and 3.5-7 s of waiting in all (up to 90 s when the
+            server's `Retry-After` asks for longer).
+        backoff, max_backoff: The first wait and the longest one, in seconds.
+
+    A request that still fails is None and its reason goes to `last_errors` (ending "(after N attempts)" when it was
+    retried); `answers` logs one warning per call that had failures, and `last_retries` counts the retries.
+    `probe` tries once: a wrong URL or a server not started fails the run at once.
+
+    Hugging Face Inference Providers are OpenAI-compatible judges too:
+    `EndpointJudge("https://router.huggingface.co/v1", "<model id>:<provider>", api_key=<HF token>)`.
+
+    Why hand-written retries: `huggingface_hub.utils.http_backoff` and `huggingface_hub.InferenceClient` (a
+    dependency already) send through the Hub's shared client, which refuses every request, to localhost too, when
+    `HF_HUB_OFFLINE=1` is set (the setting of an offline cluster with a local `vllm serve` judge, and of our tests);
+    they also retry timeouts by default, add a second to every `Retry-After` and do not jitter. urllib3's `Retry` is
+    no dependency of this package (it comes through `requests`) and counts a read timeout and a reset connection as
+    the same kind of error. What is needed (which errors, which waits) is the three small functions above this
+    class, tested against a loopback server.
     """
 
     def __init__(
@@ -157,17 +248,26 @@ class EndpointJudge:
         api_key: str | None = None,
         low: int = 0,
         high: int = 3,
+        attempts: int = 4,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
     ):
         if not url or not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise JudgeUnavailable(f"the judge URL must start with http:// or https://, got {url!r}")
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ValueError(f"attempts must be a whole number >= 1 (1: no retry), got {attempts!r}")
+        if not 0 <= backoff <= max_backoff:
+            raise ValueError(f"the backoff must satisfy 0 <= backoff <= max_backoff, got {backoff!r}, {max_backoff!r}")
         base = url.rstrip("/")
         self.base_url = base.removesuffix("/v1")
         self.model, self.api, self.timeout = model, api, float(timeout)
         self.max_tokens, self.workers, self.api_key = int(max_tokens), max(1, int(workers)), api_key
         self.low, self.high = low, high
+        self.attempts, self.backoff, self.max_backoff = attempts, float(backoff), float(max_backoff)
         self.last_errors: list[str] = []
+        self.last_retries = 0
 
     def probe(self, timeout: float = 5.0) -> list[str]:
         """`GET /v1/models`: the served model names; fills in `model` when it is None. Raises `JudgeUnavailable`
@@ -175,7 +275,7 @@ class EndpointJudge:
         try:
             body = self._request("GET", "/v1/models", None, timeout)
             names = [str(entry["id"]) for entry in body.get("data", [])]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, http.client.HTTPException) as err:
             reason = getattr(err, "reason", None) or err
             raise JudgeUnavailable(
                 f"the judge endpoint {self.base_url} did not answer GET /v1/models within {timeout:g} s "
@@ -189,31 +289,51 @@ class EndpointJudge:
 
     def answers(self, prompts: Sequence[Messages]) -> list[str | None]:
         """The raw answer texts (None where a request failed; the reasons are in `last_errors`)."""
-        self.last_errors = []
+        self.last_errors, self.last_retries = [], 0
         if not prompts:
             return []
         with ThreadPoolExecutor(max_workers=min(self.workers, len(prompts))) as pool:
             results = list(pool.map(self._answer, prompts))
-        self.last_errors = [error for _, error in results if error]
-        return [text for text, _ in results]
+        self.last_errors = [error for _, error, _ in results if error]
+        self.last_retries = sum(retries for _, _, retries in results)
+        if self.last_errors:
+            logger.warning("The judge at %s failed %d of %d requests (%d retries in all); their answers are None. "
+                           "First reason: %s", self.base_url, len(self.last_errors), len(prompts), self.last_retries,
+                           self.last_errors[0])
+        return [text for text, _, _ in results]
 
     def __call__(self, prompts: Sequence[Messages]) -> list[float | None]:
         return [parse_score(text, self.low, self.high) for text in self.answers(prompts)]
 
-    def _answer(self, messages: Messages) -> tuple[str | None, str | None]:
+    def _answer(self, messages: Messages) -> tuple[str | None, str | None, int]:
+        """(the answer text or None, the reason it is None, the retries it took)."""
         payload: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
         if self.model is not None:
             payload["model"] = self.model
-        try:
-            if self.api == "chat":
-                body = self._request("POST", "/v1/chat/completions", {**payload, "messages": list(messages)},
-                                     self.timeout)
-                return str(body["choices"][0]["message"]["content"] or ""), None
-            body = self._request("POST", "/v1/completions", {**payload, "prompt": prompt_text(messages)},
-                                 self.timeout)
-            return str(body["choices"][0]["text"] or ""), None
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as err:  # timeouts are OSErrors
-            return None, f"{type(err).__name__}: {err}"
+        if self.api == "chat":
+            path, payload = "/v1/chat/completions", {**payload, "messages": list(messages)}
+        else:
+            path, payload = "/v1/completions", {**payload, "prompt": prompt_text(messages)}
+        retry = 0
+        while True:
+            try:
+                choice = self._request("POST", path, payload, self.timeout)["choices"][0]
+                return str((choice["message"]["content"] if self.api == "chat" else choice["text"]) or ""), None, retry
+            # timeouts are OSErrors; a connection cut in the middle of an answer is an http.client.HTTPException
+            except (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as err:
+                if isinstance(err, urllib.error.HTTPError):
+                    retry_after = parse_retry_after(err.headers.get("Retry-After") if err.headers else None)
+                    err.close()
+                else:
+                    retry_after = None
+                if not is_transient(err) or retry + 1 >= self.attempts:
+                    tries = f" (after {retry + 1} attempts)" if retry else ""
+                    return None, f"{type(err).__name__}: {err}{tries}", retry
+                wait = backoff_delay(retry, self.backoff, self.max_backoff, retry_after)
+                logger.debug("Judge request %d/%d to %s failed (%s: %s); retrying in %.2f s", retry + 1,
+                             self.attempts, self.base_url, type(err).__name__, err, wait)
+                time.sleep(wait)
+                retry += 1
 
     def _request(self, method: str, path: str, payload: dict | None, timeout: float) -> dict:
         data = None if payload is None else json.dumps(payload).encode()

@@ -46,6 +46,8 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `action_ids` | list<int32> | Tokens the policy generated (the loss-bearing tokens). |
 | `action_logprobs` | list<float32> | Sampling log-probabilities of `action_ids`. |
 | `env_ids` | list<int32> | Conversation format: the tokens appended after the action (never trained on); empty in step format. |
+| `prompt` | list<message> | The messages the policy saw this turn (`{"role", "content"}`: system, user, ...), as rendered (`step_chat`); empty for a failed episode. |
+| `completion` | list<message> | The policy's reply, `[{"role": "assistant", "content": action_text}]`: with `prompt`, TRL's conversational prompt-completion format. |
 
 An episode is the rows sharing `episode_uid` (and `run_id`), ordered by `step`; a group, the rows sharing `group_id`.
 `prompt_ids`, `action_ids`, `action_logprobs` and `env_ids` are for replay (`sft_examples` rebuilds training rows
@@ -142,6 +144,10 @@ TRAJECTORY_FEATURES = Features(
         "action_ids": List(Value("int32")),
         "action_logprobs": List(Value("float32")),
         "env_ids": List(Value("int32")),
+        # The step as a chat, TRL's conversational prompt-completion format (SFT-ready: `SFTTrainer` trains on the
+        # completion only).
+        "prompt": List({"role": _string, "content": _string}),
+        "completion": List({"role": _string, "content": _string}),
     }
 )
 """The `datasets.Features` of a trajectory dataset (the module docstring documents every column)."""
@@ -157,8 +163,9 @@ def build_run_info(trainer) -> dict[str, Any]:
     """What a trainer runs, as `run_info.json` records it (without writing it; `run_id` and `created` are new).
 
     Keys: `run_id`, `method` (the trainer's registered method, else its class name), `method_card` (what a model card
-    shows about the method: `Method.card_info()`, {} for a user subclass), `env`, `model` (base model id or path),
-    `config` (every config field, JSON-safe, tokens
+    shows about the method: `Method.card_info()`, {} for a user subclass), `env`, `model` (the model the trainer
+    loaded: a Hub id or a path), `base_model` (the Hub id that model descends from, `hub_base_model`; None for a model
+    built locally), `config` (every config field, JSON-safe, tokens
     masked as `TrainingArguments.to_dict` masks them), `config_hash` (sha256 of the canonical JSON of `config`, first
     16 hex digits), `trl_agents_version`, `trl_version`, `created` (ISO time, UTC).
     """
@@ -175,6 +182,7 @@ def build_run_info(trainer) -> dict[str, Any]:
         "method_card": method.card_info() if method is not None else {},
         "env": _env_name(trainer),
         "model": _base_model(trainer),
+        "base_model": hub_base_model(_base_model(trainer)),
         "config": config,
         "config_hash": config_hash(config),
         "trl_agents_version": __version__,
@@ -263,6 +271,59 @@ def _base_model(trainer) -> str | None:
     return getattr(getattr(model, "config", None), "_name_or_path", None) or None
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether a model reference is a Hub repo id (`org/name`, not an existing local path), as a card's `base_model`
+    needs.
+
+    >>> is_hub_id("Qwen/Qwen2.5-0.5B-Instruct"), is_hub_id("outputs/run/warm-start/"), is_hub_id("gpt2")
+    (True, False, False)
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return "/" in name and not os.path.exists(name)
+
+
+def hub_base_model(name: str | None, _depth: int = 0) -> str | None:
+    r"""The Hub model id that the model at `name` descends from: `name` itself when it is a Hub id; for a local folder,
+    the `base_model` of its model card (`README.md`: TRL's trainers write one, and so does `trl-agents train` for its
+    warm start) or the base of its LoRA adapter (`adapter_config.json`), followed through local folders. None for a
+    model built locally (the tiny model) or a folder that names no base.
+
+    >>> import json, pathlib, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = pathlib.Path(folder, "README.md").write_text("---\nbase_model: org/name\n---\n# Warm start\n")
+    >>> hub_base_model(folder), hub_base_model("org/name"), hub_base_model(tempfile.mkdtemp())
+    ('org/name', 'org/name', None)
+    """
+    if not name or _depth > 8:
+        return None
+    if is_hub_id(name):
+        return name
+    if not os.path.isdir(name):
+        return None
+    readme, adapter = os.path.join(name, "README.md"), os.path.join(name, "adapter_config.json")
+    parents: list[Any] = []
+    if os.path.isfile(readme):
+        from huggingface_hub import metadata_load
+
+        base = (metadata_load(readme) or {}).get("base_model")
+        parents += base if isinstance(base, list) else [base]
+    if os.path.isfile(adapter):
+        with open(adapter) as handle:
+            parents.append(json.load(handle).get("base_model_name_or_path"))
+    for parent in parents:
+        if isinstance(parent, str) and os.path.abspath(parent) != os.path.abspath(name):
+            found = hub_base_model(parent, _depth + 1)
+            if found:
+                return found
+    return None
+
+
 # ---- trajectory shards ------------------------------------------------------------------------------------------
 
 
@@ -346,7 +407,8 @@ class TrajectoryWriter:
         global_step: int,
     ) -> list[dict[str, Any]]:
         """The shard rows of `batch`: `RolloutBatch.to_rows()` plus the run's and the rollout's columns."""
-        columns = ("group_id", "episode_uid", "env", "role", "action", "advantage")
+        columns = ("group_id", "episode_uid", "env", "role", "action", "advantage", "prompt", "completion")
+        conversation = (self.run_info.get("config") or {}).get("row_format") == "conversation"
         extra: dict[str, list[Any]] = {name: [] for name in columns}
         for group_index, group in enumerate(batch.groups):
             group_id = f"{rollout}-{self.rank}-{group_index}"
@@ -362,6 +424,9 @@ class TrajectoryWriter:
                     extra["action"].append("" if step is None else canonical_action(step))
                     value = values[index] if values and step is not None else None
                     extra["advantage"].append(None if value is None else float(value))
+                    prompt, completion = step_chat(trajectory, trajectory.fork_step + index, conversation)
+                    extra["prompt"].append(prompt)
+                    extra["completion"].append(completion)
         common = {
             "run_id": self.run_info.get("run_id"),
             "config_hash": self.run_info.get("config_hash"),
@@ -371,6 +436,37 @@ class TrajectoryWriter:
             "global_step": global_step,
         }
         return [{**common, **row} for row in batch.to_rows(extra, skip_signals=self.unrecorded_signals)]
+
+
+def step_chat(trajectory, index: int, conversation: bool = False) -> tuple[list[dict], list[dict]]:
+    """The chat of step `index` of `trajectory` as the policy saw it, in TRL's conversational prompt-completion format:
+    (prompt messages, [the assistant's reply]); ([], []) for a step without a recorded prompt (a failed episode, or a
+    step rebuilt from rows). Step rows: the prompt `PromptRenderer.step_messages` rendered (system, task, history window,
+    observation). Conversation rows (`conversation=True`): the episode's chat so far (system, task and first
+    observation, then each earlier reply and the observation that followed it).
+
+    >>> from trl_agents.trajectory import PromptParts, Step, Trajectory
+    >>> step = Step("P F G", "right", prompt_parts=PromptParts("Reach G.", "", (), "P F G"))
+    >>> prompt, completion = step_chat(Trajectory(task={}, steps=[step]), 0)
+    >>> [m["role"] for m in prompt], completion
+    (['system', 'user'], [{'role': 'assistant', 'content': 'right'}])
+    """
+    from .rollout.prompts import PromptRenderer
+
+    steps = trajectory.steps
+    if index >= len(steps) or steps[index].prompt_parts is None:
+        return [], []
+    step, parts = steps[index], steps[index].prompt_parts
+    if not conversation:
+        prompt = PromptRenderer.step_messages(parts.system, parts.task, parts.history, parts.observation)
+    else:
+        prompt = [{"role": "system", "content": parts.system}] if parts.system else []
+        prompt.append({"role": "user", "content": PromptRenderer.conversation_user_message(parts.task,
+                                                                                           parts.observation)})
+        for turn in range(1, index + 1):
+            prompt.append({"role": "assistant", "content": steps[turn - 1].action_text})
+            prompt.append({"role": "user", "content": steps[turn].observation})
+    return prompt, [{"role": "assistant", "content": step.action_text}]
 
 
 def supersede_shards(directory: str, global_step: int) -> list[str]:

@@ -105,7 +105,8 @@ def check_searched_fields(config: Any, search: SearchArguments) -> None:
 
 class LLMProposer:
     """Transitions proposed by a language model behind an OpenAI-compatible endpoint (`vllm serve`, any service
-    speaking /v1/chat/completions), through `EndpointJudge`'s HTTP code (temperature 0, a timeout, `probe()`).
+    speaking /v1/chat/completions), through `EndpointJudge`'s HTTP code (temperature 0, a timeout, `probe()`, and its
+    retries: a 429, 5xx or dropped connection is tried again, up to 4 times with exponential backoff).
 
     The model sees the node's parameters, stage summary, pathologies, scores and the path from the root, and the
     rules (capacity never decreases, the bounds); it answers a JSON list of {"changes": {...}, "rationale": "..."}.

@@ -85,12 +85,20 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 4096,
     seed: int = 0,
+    architecture: str = "qwen2",
 ):
-    """A randomly initialised Qwen2ForCausalLM sized for CPU tests (about 100k parameters by default)."""
+    """A randomly initialised Qwen2ForCausalLM sized for CPU tests (about 100k parameters by default);
+    `architecture="qwen3"` builds a Qwen3ForCausalLM of the same size instead (the family of the larger shipped
+    configs)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen2Config(
+    from .names import check_choice
+
+    check_choice("architecture", architecture, ("qwen2", "qwen3"))
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[
+        architecture]
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
@@ -102,9 +110,10 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
+        **({"head_dim": hidden_size // num_heads} if architecture == "qwen3" else {}),
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,

@@ -125,11 +125,15 @@ def warm_start(
     seed: int = 0,
     callbacks: list[TrainerCallback] | None = None,
     report_to: str | list[str] = "none",
+    peft_config: Any = None,
+    run_name: str | None = None,
 ):
     """Fine-tune `model` on `examples` with TRL's SFTTrainer; returns the trainer.
 
     `examples` are rows in a format SFTTrainer takes, as a list or a `datasets.Dataset`: prompt-completion chats
     (`solver_demonstrations`) or pre-tokenized rows (`trl_agents.records.sft_examples`, replayed trajectories).
+    With `peft_config` (e.g. `peft.LoraConfig`) SFTTrainer trains an adapter instead of the whole model: the trained
+    `PeftModel` is `trainer.model` (`model` itself stays the base). `report_to` and `run_name` go to the trackers.
     """
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -146,6 +150,7 @@ def warm_start(
         logging_steps=max(max_steps // 10, 1),
         save_strategy="no",
         report_to=report_to,
+        run_name=run_name,
         seed=seed,
         # As AgentGRPOConfig does on a machine without an accelerator (see cpu_only).
         bf16=False if cpu_only() else None,
@@ -161,6 +166,7 @@ def warm_start(
         train_dataset=examples if isinstance(examples, Dataset) else Dataset.from_list(examples),
         processing_class=tokenizer,
         callbacks=callbacks,
+        peft_config=peft_config,
     )
     trainer.train()
     return trainer

@@ -116,10 +116,28 @@ PUSH_AND_READ_BACK = """
     import json, sys, yaml
     import torch
     from datasets import load_dataset
-    from huggingface_hub import HfApi, ModelCard, hf_hub_download, parse_eval_result_entries
+    from huggingface_hub import DatasetCard, HfApi, ModelCard, hf_hub_download, parse_eval_result_entries
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl_agents.hub import push_run
     from trl_agents.checkpoints import load_agent_config
+    from trl_agents.envs import AgentEnv, register_env
+
+    @register_env
+    class KeywordEnv(AgentEnv):  # the tests' toy env (conftest.py), whose held-out tasks become a benchmark dataset
+        name, instructions = "test-keyword", "Say something with the letter a."
+
+        @classmethod
+        def task_split(cls, split, count=None, **env_kwargs):
+            return [{"env": cls.name, "seed": 10_000 + i} for i in range(count or 64)]
+
+    def edited_card(repo, run_dir, name):
+        # Edit the card on the Hub (a license, a tag, its own body), push the run again, read it back.
+        own = "---\\nlicense: mit\\ntags: [mine]\\n---\\nMy own words about this agent.\\n"
+        HfApi().upload_file(path_or_fileobj=own.encode(), path_in_repo="README.md", repo_id=repo)
+        push_run(run_dir, name)
+        card = ModelCard.load(repo)
+        return {"license": card.data.license, "tags": card.data.tags, "text": card.text,
+                "results": len(card.data.eval_results or [])}
 
     run_dir, name, repo = sys.argv[1:]
     urls = push_run(run_dir, name)  # no namespace: the token's user
@@ -138,6 +156,12 @@ PUSH_AND_READ_BACK = """
         "card_results": [(r.dataset_config, r.metric_type, r.metric_value) for r in card.data.eval_results],
         "tags": card.data.tags, "base_model": card.data.base_model, "datasets": card.data.datasets,
         "card_text": card.text, "eval_entries": entries, "agent_config": load_agent_config(repo),
+        "benchmark": HfApi().list_repo_files("tester/test-keyword-eval-tasks", repo_type="dataset"),
+        "eval_yaml": yaml.safe_load(open(hf_hub_download("tester/test-keyword-eval-tasks", "eval.yaml",
+                                                         repo_type="dataset"))),
+        "benchmark_rows": load_dataset("tester/test-keyword-eval-tasks", split="test").to_list(),
+        "dataset_card": DatasetCard.load(repo + "-trajectories").data.to_dict(),
+        "edited": edited_card(repo, run_dir, name),
     }))
 """
 
@@ -167,10 +191,22 @@ def test_push_run_round_trip(runs, tmp_path):
     expected = sorted((name, metric, value) for name, values in EVAL_RESULTS.items()
                       for metric, value in values["metrics"].items())
     assert sorted(map(tuple, result["card_results"])) == expected
+    # .eval_results name the benchmark dataset push_run published: the 8 held-out tasks played, and an eval.yaml
     greedy = result["eval_entries"][".eval_results/keyword-eval-greedy.yaml"]
-    assert ["trl-agents/test-keyword", "eval/success_rate", 0.375] in greedy and len(greedy) == 4
-    assert ["trl-agents/test-keyword", "eval/pass_at_4", 0.625] in result["eval_entries"][
+    assert ["tester/test-keyword-eval-tasks", "success_rate", 0.375] in greedy and len(greedy) == 4
+    assert ["tester/test-keyword-eval-tasks", "pass_at_4", 0.625] in result["eval_entries"][
         ".eval_results/keyword-eval-sampled.yaml"]
+    assert "eval.yaml" in result["benchmark"]
+    assert {task["id"] for task in result["eval_yaml"]["tasks"]} >= {"success_rate", "pass_at_4"}
+    assert [json.loads(row["task"])["seed"] for row in result["benchmark_rows"]] == list(range(10_000, 10_008))
+    # The trajectory dataset's card says what it is.
+    data = result["dataset_card"]
+    assert data["pretty_name"] == "gigpo trajectories on test-keyword" and data["size_categories"] == ["n<1K"]
+    assert {"trl", "trl-agents", "trajectories", "gigpo", "test-keyword"} <= set(data["tags"])
+    # A second push keeps what was edited on the Hub (the license, a tag, the body) and updates the rest.
+    edited = result["edited"]
+    assert edited["license"] == "mit" and {"mine", "trl-agents", "gigpo"} <= set(edited["tags"])
+    assert edited["text"].strip() == "My own words about this agent." and edited["results"] == len(expected)
     assert result["tags"][:3] == ["trl", "trl-agents", "gigpo"] and "test-keyword" in result["tags"]
     assert result["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert result["datasets"] == ["tester/tiny-agent-trajectories"]
@@ -220,6 +256,7 @@ def test_lora_run_pushes_an_adapter_that_peft_loads(runs, tmp_path):
 
 TRL_PUSH_TO_HUB = """
     import json, sys
+    from huggingface_hub import HfApi
     from datasets import Dataset
     from trl_agents import GiGPOConfig, GiGPOTrainer
     from trl_agents.envs import get_env_class
@@ -233,12 +270,14 @@ TRL_PUSH_TO_HUB = """
     trainer = GiGPOTrainer(model=base_model, args=config, train_dataset=tasks)
     trainer.train()
     trainer.push_to_hub()
-    print("RESULT " + json.dumps({"tags": GiGPOTrainer._tag_names}))
+    print("RESULT " + json.dumps({"tags": GiGPOTrainer._tag_names,
+                                  "trajectories": HfApi().list_repo_files(repo + "-trajectories",
+                                                                          repo_type="dataset")}))
 """
 
 
 @pytest.mark.slow
-def test_trainer_push_to_hub_goes_through_trl(tiny_model_dir, tmp_path):
+def test_trainer_push_to_hub_publishes_the_run_as_trl_agents_push_does(tiny_model_dir, tmp_path):
     from huggingface_hub import ModelCard
 
     with LoopbackHubServer(token=TOKEN) as hub:
@@ -250,8 +289,11 @@ def test_trainer_push_to_hub_goes_through_trl(tiny_model_dir, tmp_path):
     assert json.loads(files["agent_config.json"])["env_name"] == "frozenlake"
     card = ModelCard(files["README.md"].decode())
     assert set(result["tags"]) == {"trl", "trl-agents", "gigpo"} <= set(card.data.tags)
-    assert {"frozenlake", "generated_from_trainer"} <= set(card.data.tags)  # ours (the env) and TRL's
+    assert "frozenlake" in card.data.tags
     assert "on the **frozenlake** environment with **gigpo**" in card.text  # trl-agents' card, not TRL's
+    # push_run, not an upload of the whole output_dir: the trajectories went to their dataset repo.
+    assert not [name for name in files if name.startswith(("trajectories/", "base-model/", "warm-start/"))]
+    assert any(name.endswith(".parquet") for name in result["trajectories"])
 
 
 # ---- errors leave the run as it was --------------------------------------------------------------------------------
@@ -414,10 +456,11 @@ def test_eval_result_files_parse_back():
     result = {"name": "sokoban-eval-greedy", "env": "sokoban", "split": "eval", "num_tasks": 100, "greedy": True,
               "num_samples": 1, "max_turns": 20, "created": "2026-01-02T03:04:05+00:00",
               "metrics": {"success_rate": 0.41, "episode_length": 9.2}}
-    files = eval_result_files([result], "https://huggingface.co/me/agent")
+    assert eval_result_files([result], "https://huggingface.co/me/agent") == {}  # no benchmark dataset, no entry
+    files = eval_result_files([result], "https://huggingface.co/me/agent", {"sokoban-eval-greedy": "me/sk-tasks"})
     entries = parse_eval_result_entries(yaml.safe_load(files["sokoban-eval-greedy"]))
     assert [(e.dataset_id, e.task_id, e.value) for e in entries] == [
-        ("trl-agents/sokoban", "eval/success_rate", 0.41), ("trl-agents/sokoban", "eval/episode_length", 9.2)]
+        ("me/sk-tasks", "success_rate", 0.41), ("me/sk-tasks", "episode_length", 9.2)]
     assert entries[0].notes == "greedy, 100 tasks, max 20 turns" and entries[0].date == "2026-01-02T03:04:05+00:00"
     assert entries[0].source_url == "https://huggingface.co/me/agent"
 

@@ -1,6 +1,7 @@
 """benchmarks/evidence.py's statistics and decision rule, checked by hand (the benchmark itself is not run here)."""
 
 import importlib.util
+import itertools
 import math
 import statistics
 from pathlib import Path
@@ -22,6 +23,31 @@ def test_sign_flip_p_value_by_hand():
     # d = [1, -1]: patterns give |sum| 0, 2, 2, 0 and the observed |mean| is 0 -> every pattern is as extreme
     assert evidence.sign_flip_p_value([1.0, -1.0]) == 1.0
     assert evidence.sign_flip_p_value([]) == 1.0
+    assert evidence.sign_flip_p_value([0.3]) == 1.0  # one seed: it and its flip are as extreme (scipy needs 2)
+
+
+def test_scipy_statistics_on_five_paired_seeds_by_hand():
+    # d = [.042, .018, .066, -.004, .03] (in thousandths 42, 18, 66, -4, 30; sum 152, mean .0304).
+    d = [0.042, 0.018, 0.066, -0.004, 0.03]
+    # Sign flips: |signed sum| = 160 - 2·(the flipped |d|) >= 152 only when nothing or only the 4 is flipped, and the
+    # mirror images: 4 of the 32 patterns -> p = 4/32 = 0.125 (the old itertools enumeration gave the same).
+    assert evidence.sign_flip_p_value(d) == 0.125
+    # Bootstrap: the exact distribution of the resampled sum over the 5^5 = 3125 equally likely resamples.
+    sums = sorted(sum(pick) for pick in itertools.product([42, 18, 66, -4, 30], repeat=5))
+    assert (sum(s < 48 for s in sums), sum(s <= 48 for s in sums)) == (56, 86)  # 1.79 % < 2.5 % <= 2.75 %
+    assert (sum(s < 258 for s in sums), sum(s <= 258 for s in sums)) == (3034, 3074)  # 97.09 % < 97.5 % <= 98.37 %
+    # so the 2.5 % and 97.5 % quantiles of the mean are 48/5 and 258/5 thousandths: [0.0096, 0.0516] (e.g. the
+    # resamples -4,-4,-4,30,30 and 66,66,42,42,42), which the 10 000 seeded resamples (and the old code) give
+    assert evidence.bootstrap_interval(d) == pytest.approx((0.0096, 0.0516), abs=1e-12)
+
+
+def test_sign_flip_beyond_the_exact_range_is_seeded():
+    # 17 seeds, 2^17 = 131 072 patterns > the 100 000 resamples: random patterns, the same on every call; exactly
+    # it would be 2/2^17
+    d = [0.01 * (i + 1) for i in range(17)]
+    p = evidence.sign_flip_p_value(d)
+    assert p == evidence.sign_flip_p_value(d) and 0 < p < 1e-3
+    assert evidence.sign_flip_p_value(d[:16]) == 2 / 2 ** 16  # 16 seeds: still exact
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():

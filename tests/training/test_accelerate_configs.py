@@ -49,6 +49,8 @@ def test_accelerate_accepts_the_config(path, tiny_model):
     with open(path) as handle:
         header = handle.read().split("compute_environment:")[0]
     assert "accelerate launch --config_file configs/accelerate/" in header  # each says how to launch it
+    name = os.path.basename(path).removesuffix(".yaml")
+    assert f"--config_file $(trl-agents configs --path {name})" in header  # and how, installed with pip
     if distributed_type == DistributedType.DEEPSPEED:
         with mock.patch.dict(os.environ, env):
             plugin = DeepSpeedPlugin()
@@ -58,12 +60,43 @@ def test_accelerate_accepts_the_config(path, tiny_model):
         with mock.patch.dict(os.environ, env):
             plugin = FullyShardedDataParallelPlugin()
         assert plugin.fsdp_version == level
-        # the layer class it wraps is the decoder layer of Qwen2 models (the tiny test model is one); accelerate
-        # raises if the model has no such class
+        # no layer class is named: accelerate wraps what the model lists in `_no_split_modules`, the decoder layer
+        # of Qwen2 models for the tiny test model (test_fsdp_wraps_the_decoder_layers_of_any_model_family: Qwen3)
+        assert plugin.transformer_cls_names_to_wrap is None
         plugin.set_auto_wrap_policy(tiny_model)
         assert plugin.transformer_cls_names_to_wrap == ["Qwen2DecoderLayer"]
     else:
         assert env["ACCELERATE_MIXED_PRECISION"] in ("bf16", "no")
+
+
+def test_no_config_names_a_model_family():
+    # a layer class (e.g. Qwen2DecoderLayer) would fail every model of another family (the Qwen3 configs)
+    for path in CONFIGS:
+        with open(path) as handle:
+            text = handle.read()
+        assert "transformer_layer_cls_to_wrap" not in text.split("compute_environment:")[1], path
+
+
+def tiny_qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    return Qwen3ForCausalLM(config)
+
+
+def test_fsdp_wraps_the_decoder_layers_of_any_model_family():
+    # what accelerate does with the FSDP2 config when it prepares a Qwen3 model (Accelerator.prepare ->
+    # fsdp2_prepare_model): one shard unit per Qwen3DecoderLayer, found through the model's `_no_split_modules`
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    env, _ = launch_environment(os.path.join(FOLDER, "fsdp.yaml"))
+    with mock.patch.dict(os.environ, env):
+        plugin = FullyShardedDataParallelPlugin()
+    model = tiny_qwen3()
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    wrapped = [type(module).__name__ for module in model.modules() if policy(module)]
+    assert wrapped == ["Qwen3DecoderLayer"] * 2
 
 
 def test_training_gpus_do_not_count_the_vllm_gpu():

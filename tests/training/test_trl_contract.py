@@ -1,7 +1,8 @@
 """Contract test: every TRL behaviour AgentGRPOTrainer relies on, pinned on TRL 1.16.
 
-AgentGRPOTrainer (trainers/agent_grpo.py, the only file that may) overrides five private methods of GRPOTrainer and
-transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_compute_loss`, `_save`, and
+AgentGRPOTrainer (trainers/agent_grpo.py, the only file that may) overrides six private methods of GRPOTrainer and
+transformers' Trainer (`_generate_and_score_completions`, `_prepare_inputs`, `_compute_loss`, `_save`,
+`_push_from_checkpoint` (a checkpoint push uploads the model files only; it keeps `push_in_progress`), and
 `_get_per_token_logps_and_entropies`, which runs TRL's own over groups of rows of similar length and relies on its
 arguments and its (log-probs, entropies, auxiliary loss) return value; it is also briefly replaced on the instance,
 to reuse the policy log-probs of TRL's loss in an auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
@@ -36,6 +37,8 @@ def test_trl_is_the_pinned_minor_version():
         ("_prepare_inputs", ["self", "generation_batch"]),
         ("_compute_loss", ["self", "model", "inputs"]),
         ("_save", ["self", "output_dir", "state_dict"]),  # transformers.Trainer: agent_config.json + extra state
+        # transformers.Trainer: a checkpoint push uploads the model files only, not output_dir's trajectories
+        ("_push_from_checkpoint", ["self", "checkpoint_folder"]),
     ],
 )
 def test_overridden_methods_keep_their_signatures(method, parameters):
@@ -47,7 +50,26 @@ def test_the_private_methods_we_override_are_the_ones_we_know():
     ours = {name for name in vars(AgentGRPOTrainer) if name.startswith("_") and not name.startswith("__")}
     trl = {name for cls in GRPOTrainer.__mro__ for name in vars(cls) if name.startswith("_")}
     assert ours & trl == {"_generate_and_score_completions", "_prepare_inputs", "_compute_loss", "_save",
-                          "_get_per_token_logps_and_entropies", "_tag_names", "_name"}
+                          "_get_per_token_logps_and_entropies", "_push_from_checkpoint", "_tag_names", "_name"}
+
+
+def test_the_hub_pushes_we_replace_keep_their_contract(trainer):
+    # `push_to_hub` (public) is replaced by trl_agents.hub.push_run; it calls `save_model(_internal_call=True)` and
+    # waits for a checkpoint push with `_finish_current_push`, as Trainer's does. `_push_from_checkpoint` keeps the
+    # in-flight uploads in `push_in_progress` (a transformers.utils.hub.PushInProgress) and reads the hub_* args.
+    from transformers import Trainer
+    from transformers.utils.hub import PushInProgress
+
+    assert list(inspect.signature(Trainer.push_to_hub).parameters) == [
+        "self", "commit_message", "blocking", "token", "revision", "kwargs"]
+    assert "_internal_call" in inspect.signature(Trainer.save_model).parameters
+    assert callable(trainer._finish_current_push) and getattr(trainer, "push_in_progress", None) is None
+    assert "self.push_in_progress = None" in inspect.getsource(Trainer.init_hf_repo)  # set when pushes start
+    assert {"is_done", "jobs"} <= set(dir(PushInProgress([])))
+    assert {"hub_strategy", "hub_always_push", "hub_token", "hub_revision", "hub_private_repo"} <= set(
+        vars(trainer.args))
+    # `log_values` calls Trainer.log directly (GRPOTrainer's adds the step metrics and the completions table).
+    assert list(inspect.signature(Trainer.log).parameters)[:2] == ["self", "logs"]
 
 
 def test_the_forward_we_run_in_row_groups_keeps_its_arguments():

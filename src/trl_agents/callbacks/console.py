@@ -26,9 +26,21 @@ FIELDS = (  # (label, metric keys in order of preference, format)
 )
 
 
-def compact_line(state: Any, logs: dict[str, Any]) -> str:
+TRACKER_ONLY = ("eval_before_rl/", "eval_after_rl/", "warm_start/")
+"""Prefixes of entries logged for the trackers only (`trl-agents train` prints those evaluations itself)."""
+
+
+def compact_line(state: Any, logs: dict[str, Any]) -> str | None:
     """One line for a log entry: training steps show step, success, return, loss and step time; evaluation entries
-    their success and return; the end-of-training summary its run time."""
+    their success and return; the end-of-training summary its run time; None for a tracker-only entry
+    (`TRACKER_ONLY`).
+
+    >>> compact_line(None, {"eval_after_rl/success_rate": 0.5, "epoch": 1.0}) is None
+    True
+    """
+    own = [key for key in logs if key not in ("epoch", "step")]  # (Trainer.log adds the epoch to every entry)
+    if own and all(key.startswith(TRACKER_ONLY) for key in own):
+        return None
     if "train_runtime" in logs:
         return f"done: {state.global_step} steps in {logs['train_runtime']:.0f} s"
     prefix = "eval_" if any(key.startswith("eval_") for key in logs) else ""
@@ -48,16 +60,18 @@ class CompactProgressCallback(ProgressCallback):
     """transformers' progress bar, writing `compact_line` under it instead of the metrics dict."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs:
-            self.training_bar.write(compact_line(state, logs))
+        line = compact_line(state, logs) if logs else None
+        if state.is_world_process_zero and self.training_bar is not None and line:
+            self.training_bar.write(line)
 
 
 class CompactPrinterCallback(PrinterCallback):
     """transformers' printer (progress bars off), printing `compact_line` instead of the metrics dict."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_local_process_zero and logs:
-            print(compact_line(state, logs))
+        line = compact_line(state, logs) if logs else None
+        if state.is_local_process_zero and line:
+            print(line)
 
 
 def use_compact_console(trainer) -> None:

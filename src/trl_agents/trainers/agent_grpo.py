@@ -98,6 +98,8 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         processing_class: Tokenizer with a chat template (loaded from the model when None).
         callbacks, optimizers: As in `transformers.Trainer`.
         peft_config (`peft.PeftConfig`, *optional*): Train a PEFT adapter (e.g. LoRA) instead of the full model.
+        quantization_config (`transformers.BitsAndBytesConfig`, *optional*): Load the model (given by name) quantized,
+            as `GRPOTrainer` does; with `peft_config`, QLoRA. Needs a CUDA GPU and `bitsandbytes`.
         generator ([`~trl_agents.rollout.Generator`], *optional*): Replaces the built-in generation: transformers
             `generate`, or vLLM with `use_vllm=True` (then TRL's `vllm_generation` wrapped in a `VLLMGenerator`).
         env_pool ([`~trl_agents.rollout.EnvPool`], *optional*): Where environment instances come from.
@@ -153,6 +155,15 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         """Which micro-batch of its generation batch the loss is computing (TRL's `_step` counter)."""
         return self._step % self.args.steps_per_generation
 
+    def log_values(self, values: dict[str, float]) -> None:
+        """Send `values` (e.g. a held-out evaluation) to the `report_to` trackers and the log history at the current
+        step, as they are: `Trainer.log`, without GRPOTrainer's averaging of the step metrics into them or its
+        completions table."""
+        from transformers import Trainer
+
+        if values:
+            Trainer.log(self, dict(values))
+
     def install_lr_scheduler(self, scheduler):
         """Make `scheduler` the learning-rate schedule as `Trainer.create_scheduler` does (a later `train()` builds a
         new one): for a `create_scheduler` that builds its own (IB-RL: one per role)."""
@@ -181,6 +192,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         peft_config=None,
         generator: Generator | None = None,
         env_pool: EnvPool | None = None,
+        quantization_config=None,
     ):
         config_class = self.config_class
         if args is None:
@@ -198,7 +210,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         check_generator(generator, args)
         super().__init__(model=model, reward_funcs=[environment_return], args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
-                         optimizers=optimizers, peft_config=peft_config)
+                         optimizers=optimizers, peft_config=peft_config, quantization_config=quantization_config)
         self.renderer = PromptRenderer(self._tokenizer, history_length=args.history_length,
                                        max_prompt_length=args.max_prompt_length,
                                        chat_template_kwargs=self.chat_template_kwargs)
@@ -615,6 +627,53 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         card = render_model_card(self.args.output_dir, self.hub_model_id)
         card.data.tags = list(dict.fromkeys([*(card.data.tags or []), *trl_tags]))
         card.save(path)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, **kwargs):
+        """Publish `output_dir` as `trl-agents push` does (`trl_agents.hub.push_run`), instead of uploading the whole
+        folder: the model or adapter, the card with the eval results found in `output_dir/eval/`, the trajectories as
+        the dataset `{hub_model_id}-trajectories`, never the side folders (`warm-start/`, `base-model/`,
+        `trajectories/`). Called by `save_model` when `push_to_hub=True` (`trl-agents train` calls it once its
+        evaluations are written). Blocking (`blocking` is accepted for `Trainer`'s signature); returns the commit URL
+        on the main process, None on the others."""
+        from ..hub import DEFAULT_COMMIT_MESSAGE, push_run
+
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token)
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        self._finish_current_push()  # a checkpoint push still uploading
+        urls = push_run(self.args.output_dir, self.hub_model_id, token=token, private=bool(self.args.hub_private_repo),
+                        push_trajectories=self.args.save_trajectories, revision=revision or self.args.hub_revision,
+                        commit_message=commit_message or DEFAULT_COMMIT_MESSAGE)
+        return urls["commit"]
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`Trainer`'s push of a checkpoint during training (`hub_strategy`), but the repo's root receives only the
+        checkpoint's model files (`trl_agents.hub.checkpoint_files`), not the whole `output_dir` (trajectories,
+        `warm-start/` and `base-model/` weights); with `hub_strategy` "checkpoint" / "all_checkpoints" the whole
+        checkpoint also goes to `last-checkpoint/` / `checkpoint-N/`, for resuming."""
+        from transformers.utils.hub import PushInProgress
+
+        from ..hub import push_checkpoint
+
+        strategy = getattr(self.args.hub_strategy, "value", self.args.hub_strategy)  # (a HubStrategy or a string)
+        if not self.is_world_process_zero() or strategy == "end":
+            return
+        in_progress = getattr(self, "push_in_progress", None)  # (Trainer sets it once pushing starts)
+        if not self.args.hub_always_push and in_progress is not None and not in_progress.is_done():
+            return  # the last push is still uploading
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        folder = {"checkpoint": "last-checkpoint", "all_checkpoints": os.path.basename(checkpoint_folder)}.get(strategy)
+        jobs = push_checkpoint(checkpoint_folder, self.hub_model_id,
+                               f"Training in progress, step {self.state.global_step}", token=self.args.hub_token,
+                               revision=self.args.hub_revision, checkpoint_path=folder)
+        if in_progress is None or in_progress.is_done():
+            self.push_in_progress = PushInProgress(jobs)
+        else:
+            in_progress.jobs.extend(jobs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """Save as `Trainer` does, plus `agent_config.json`: how the agent is prompted (environment, system prompt,

@@ -78,13 +78,105 @@ def test_endpoint_judge_scores_through_a_loopback_server(api):
 @pytest.mark.parametrize("mode", ["garbage", "slow", "error"])
 def test_a_judge_that_times_out_errs_or_answers_garbage_gives_invalid_scores(mode):
     with JudgeServer(mode, delay=1.0) as server:
-        judge = EndpointJudge(server.url, timeout=0.3, workers=4)
+        judge = EndpointJudge(server.url, timeout=0.3, workers=4, backoff=0.001, max_backoff=0.001)
         judge.probe()
         start = time.perf_counter()
         assert judge([CHAT] * 4) == [None] * 4
         assert time.perf_counter() - start < 2.0  # the 4 requests ran at once, each cut at 0.3 s
+    # a 500 is tried 4 times (the default attempts); a timeout and a garbage answer are not retried
+    assert len(server.requests) == (16 if mode == "error" else 4)
+    assert judge.last_retries == (12 if mode == "error" else 0)
     if mode != "garbage":
         assert len(judge.last_errors) == 4
+    if mode == "error":
+        assert all(e == "HTTPError: HTTP Error 500: Internal Server Error (after 4 attempts)" for e in judge.last_errors)
+
+
+# ---- retries of the endpoint judge: a loaded server's 429/5xx and dropped connections --------------------------
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The seconds the endpoint judge waits before its retries, recorded instead of slept."""
+    import types
+
+    import trl_agents.judges as judges
+
+    recorded = []
+    monkeypatch.setattr(judges, "time", types.SimpleNamespace(sleep=recorded.append))
+    return recorded
+
+
+def test_backoff_delays_and_retry_after_headers():
+    from datetime import datetime, timezone
+
+    from trl_agents.judges import backoff_delay, parse_retry_after
+
+    # d = min(cap, base·2^retry), the wait d/2·(1 + jitter): base 1, cap 30
+    assert [backoff_delay(r, 1.0, 30.0, jitter=0.0) for r in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
+    assert [backoff_delay(r, 1.0, 30.0, jitter=1.0) for r in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff_delay(2, 1.0, 30.0, jitter=0.5) == 3.0  # d = 4, 4/2·1.5
+    assert backoff_delay(3, 0.25, 30.0, jitter=0.5) == 1.5  # d = 0.25·8 = 2, 2/2·1.5
+    assert all(4.0 <= backoff_delay(3, 1.0, 30.0) <= 8.0 for _ in range(50))  # random jitter: within [d/2, d]
+    # a Retry-After wins over the exponential wait, capped at max_backoff
+    assert [backoff_delay(3, 1.0, 30.0, retry_after=a) for a in (0.0, 7.0, 120.0)] == [0.0, 7.0, 30.0]
+    now = datetime(2015, 10, 21, 7, 27, 50, tzinfo=timezone.utc)
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=now) == 10.0  # 07:28:00 − 07:27:50
+    assert parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=now) == 0.0  # in the past
+    assert [parse_retry_after(v) for v in ("120", " 3 ", "-1", "1.5", "later", "", None)] == [
+        120.0, 3.0, None, None, None, None, None]
+
+
+@pytest.mark.parametrize(("fail_status", "retry_after"), [(503, None), (429, "0"), (502, None), (None, None)])
+def test_the_endpoint_judge_retries_a_loaded_server(fail_status, retry_after, waits):
+    # the first 3 requests fail (503, 429 with Retry-After: 0, 502, or a connection closed without an answer)
+    with JudgeServer(fail_first=3, fail_status=fail_status, retry_after=retry_after) as server:
+        judge = EndpointJudge(server.url, "loopback-judge", workers=1)
+        assert judge([CHAT]) == [2.0]  # the 4th request (of the 4 default attempts) is answered: answers[4 % 3]
+    assert len(server.requests) == 4 and judge.last_retries == 3 and judge.last_errors == []
+    if retry_after is not None:
+        assert waits == [0.0, 0.0, 0.0]  # the server's Retry-After, not the backoff
+    else:  # backoff 1 s, doubled, jittered within [d/2, d]: [0.5, 1], [1, 2], [2, 4]
+        assert len(waits) == 3 and all(d / 2 <= w <= d for w, d in zip(waits, [1.0, 2.0, 4.0], strict=True)), waits
+
+
+def test_retries_are_bounded_honour_retry_after_up_to_the_cap_and_the_failure_is_logged(waits, caplog):
+    with JudgeServer(fail_first=100, fail_status=429, retry_after="120") as server:
+        judge = EndpointJudge(server.url, "loopback-judge", workers=2, attempts=3, max_backoff=30.0)
+        with caplog.at_level("WARNING", logger="trl_agents.judges"):
+            assert judge([CHAT, CHAT]) == [None, None]
+    assert len(server.requests) == 6 and judge.last_retries == 4  # 2 requests × 3 attempts
+    assert waits == [30.0] * 4  # Retry-After: 120, capped at max_backoff
+    assert judge.last_errors == ["HTTPError: HTTP Error 429: Too Many Requests (after 3 attempts)"] * 2
+    (record,) = [r for r in caplog.records if r.name == "trl_agents.judges"]
+    assert record.levelname == "WARNING" and "failed 2 of 2 requests (4 retries in all)" in record.getMessage()
+    assert "429" in record.getMessage()
+
+
+@pytest.mark.parametrize("fail_status", [400, 404, 501])
+def test_a_client_error_is_not_retried(fail_status, waits):
+    with JudgeServer(fail_first=1, fail_status=fail_status) as server:
+        judge = EndpointJudge(server.url, "loopback-judge", workers=1)
+        assert judge([CHAT]) == [None]
+    assert len(server.requests) == 1 and waits == [] and judge.last_retries == 0
+    assert judge.last_errors[0].startswith(f"HTTPError: HTTP Error {fail_status}") and "attempts" not in (
+        judge.last_errors[0])
+
+
+def test_a_refused_connection_is_retried_then_reported(waits, caplog):
+    judge = EndpointJudge(f"http://127.0.0.1:{free_port()}", "gone", attempts=2, backoff=0.5, max_backoff=0.5)
+    with caplog.at_level("WARNING", logger="trl_agents.judges"):
+        assert judge([CHAT]) == [None]
+    assert len(waits) == 1 and 0.25 <= waits[0] <= 0.5  # one retry, d = min(0.5, 0.5·2^0) = 0.5, jittered
+    assert judge.last_errors[0].startswith("URLError") and judge.last_errors[0].endswith("(after 2 attempts)")
+    assert "failed 1 of 1 requests" in caplog.text
+
+
+def test_retry_settings_are_checked():
+    with pytest.raises(ValueError, match="attempts must be a whole number >= 1"):
+        EndpointJudge("http://127.0.0.1:1", attempts=0)
+    with pytest.raises(ValueError, match="backoff must satisfy"):
+        EndpointJudge("http://127.0.0.1:1", backoff=5.0, max_backoff=1.0)
 
 
 def test_an_unreachable_endpoint_fails_the_probe_in_one_line():

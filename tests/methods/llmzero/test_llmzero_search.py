@@ -28,7 +28,7 @@ from trl_agents.strategy import (
     ucb,
 )
 from trl_agents.judges import JudgeUnavailable
-from trl_agents.loopback.base import LoopbackHTTPServer
+from trl_agents.loopback.base import LoopbackHTTPServer, RequestError
 from trl_agents.run import RunArguments
 from trl_agents.search import SEARCH_TREE, LLMProposer, SearchArguments, run_search, stage_config
 from trl_agents.trainers import METHODS
@@ -378,17 +378,20 @@ def test_settings_are_checked_in_one_line(tmp_path):
 
 
 class ProposerServer(LoopbackHTTPServer):
-    """An OpenAI-compatible server on 127.0.0.1 whose chat answers are `answer` (a text)."""
+    """An OpenAI-compatible server on 127.0.0.1 whose chat answers are `answer` (a text), after `overloaded` answers
+    503 (a loaded server)."""
 
-    def __init__(self, answer: str):
+    def __init__(self, answer: str, overloaded: int = 0):
         super().__init__()
-        self.answer, self.requests = answer, []
+        self.answer, self.requests, self.overloaded = answer, [], overloaded
 
     def handle(self, method, target, headers, body):
         if method == "GET" and target == "/v1/models":
             return 200, {}, {"object": "list", "data": [{"id": "loopback-proposer", "object": "model"}]}
         payload = json.loads(body)
         self.requests.append((target, payload))
+        if len(self.requests) <= self.overloaded:
+            raise RequestError(503, "overloaded", headers={"Retry-After": "0"})
         return 200, {}, {"choices": [{"message": {"role": "assistant", "content": self.answer}}]}
 
 
@@ -410,6 +413,22 @@ def test_llm_proposer_through_a_loopback_endpoint(tmp_path):
     assert all(c["transition"]["proposer"] == "llm" for c in children)
     assert children[0]["params"]["num_generations"] == 2  # the LLM's 1 was below the parent's 2: kept
     assert children[0]["params"]["temperature"] == 0.8 and children[1]["params"]["learning_rate"] == 2e-4
+
+
+def test_llm_proposer_retries_a_loaded_endpoint():
+    answer = '[{"changes": {"temperature": 0.8}, "rationale": "cool down"}]'
+    context = {"params": {"temperature": 1.0, "num_generations": 2}, "pathologies": [
+        {"name": "zero_advantage", "evidence": ""}], "k": 1, "capacity": CAPACITY_PARAMS,
+        "regularisation": REGULARISATION_PARAMS}
+    with ProposerServer(answer, overloaded=2) as server:  # two 503s (Retry-After: 0), then the answer
+        proposals = LLMProposer(server.url, "loopback-proposer", timeout=5)(context)
+    assert len(server.requests) == 3 and proposals[0]["proposer"] == "llm"
+    assert proposals[0]["changes"] == {"temperature": 0.8}
+    with ProposerServer(answer, overloaded=10) as server:  # still 503 after the 4 attempts: the rules
+        proposals = LLMProposer(server.url, "loopback-proposer", timeout=5)(context)
+    assert len(server.requests) == 4
+    assert proposals[0]["proposer"].startswith("rules (llm fallback: HTTPError: HTTP Error 503")
+    assert "(after 4 attempts)" in proposals[0]["proposer"]
 
 
 def test_llm_proposer_falls_back_to_the_rules_and_an_unreachable_one_fails_first(tmp_path):
