@@ -380,7 +380,7 @@ class EvalArguments:
         default=None,
         metadata={"help": "Generate with a running vLLM server that serves this checkpoint (e.g. "
         "http://localhost:8000, started with `vllm serve CHECKPOINT`) instead of loading the model here. Needs "
-        "`pip install trl-agents[vllm]`."},
+        "the `vllm` extra (`pip install '.[vllm]'` in a checkout)."},
     )
 
 
@@ -508,6 +508,12 @@ def push(argv: list[str]) -> dict[str, str | None]:
     parser.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or `hf auth login`)")
     parser.add_argument("--no_trajectories", action="store_true", help="do not push RUN_DIR/trajectories")
     parser.add_argument("--commit_message", default=DEFAULT_COMMIT_MESSAGE, help="message of the model commit")
+    parser.add_argument("--include", nargs="+", default=[], metavar="FOLDER",
+                        help="sub-folders of RUN_DIR to push too (e.g. warm-start: the warm-started model); none by "
+                        "default")
+    parser.add_argument("--no_eval_tasks", action="store_true",
+                        help="do not publish the evaluations' tasks as benchmark datasets (the scores then stay in the "
+                        "card's model-index, without .eval_results/)")
     args = parser.parse_args(argv)
     if args.run_dir.endswith(".parquet"):
         urls = push_results(args.run_dir, args.repo, token=args.token, private=args.private)
@@ -527,6 +533,8 @@ def push(argv: list[str]) -> dict[str, str | None]:
         push_trajectories=not args.no_trajectories,
         commit_message=args.commit_message,
         method=method,
+        push_eval_tasks=not args.no_eval_tasks,
+        include_folders=args.include,
     )
     print(f"model: {urls['model']}")
     if urls["dataset"]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -102,7 +102,7 @@ def push_run(
     method=None,
     push_eval_tasks: bool = True,
     revision: str | None = None,
-    create_pr: bool = False,
+    include_folders: Sequence[str] = (),
 ) -> dict[str, str | None]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
@@ -117,19 +117,19 @@ def push_run(
         method: The run's registered method, for a run that recorded no `method_card` (see `render_model_card`).
         push_eval_tasks: Publish the tasks of every evaluation as a benchmark dataset (`push_eval_tasks`) and name it
             in `.eval_results/`; False writes the scores into the card's `model-index` only.
-        revision: Branch of the model repo to commit to (default: main).
-        create_pr: Open a pull request with the model commit instead of committing (e.g. to add a run's card and eval
-            results to a repo you cannot write to directly).
+        revision: Branch of the model repo to commit to (default: main; `hub_revision` during training).
+        include_folders: Sub-folders of RUN_DIR to push as well, under the same path (e.g. `("warm-start",)`: the
+            warm-started model); by default none is pushed.
 
     Returns:
-        `{"model": URL, "dataset": URL or None, "commit": URL}` (`commit` is the pull request's URL with create_pr).
+        `{"model": URL, "dataset": URL or None, "commit": URL}`.
 
     Raises:
         ValueError: a bad repo id or a RUN_DIR without a saved model (before any network call).
         PermissionError: no token for the Hub, or the Hub refused it.
         ConnectionError: the Hub endpoint cannot be reached (or `HF_HUB_OFFLINE` is set).
     """
-    files = _files_to_push(run_dir)
+    files = _files_to_push(run_dir, include_folders)
     check_repo_id(repo_id, "--repo")
     folder = os.path.join(run_dir, TRAJECTORIES_DIR)
     shards = shard_files(folder) if push_trajectories and os.path.isdir(folder) else []
@@ -155,10 +155,8 @@ def push_run(
         operations.append(CommitOperationAdd("README.md", str(card).encode()))
         for name, entries in eval_result_files(eval_results, str(model_url), benchmarks).items():
             operations.append(CommitOperationAdd(f".eval_results/{name}.yaml", entries.encode()))
-        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message, revision=revision,
-                                   create_pr=create_pr)
-    commit_url = commit.pr_url if create_pr and commit.pr_url else commit.commit_url
-    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit_url}
+        commit = api.create_commit(model_url.repo_id, operations, commit_message=commit_message, revision=revision)
+    return {"model": str(model_url), "dataset": str(dataset_url) if dataset_url else None, "commit": commit.commit_url}
 
 
 def merge_with_pushed_card(card: ModelCard, pushed: ModelCard | None) -> ModelCard:
@@ -469,10 +467,11 @@ def push_results(
     return {"model": None, "dataset": str(url), "commit": None}
 
 
-def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
+def _files_to_push(run_dir: str, include_folders: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
-    hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`) and `eval/*.json`.
-    ValueError when the run holds no saved model or adapter."""
+    hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`), `eval/*.json`, and every
+    file below the `include_folders`. ValueError when the run holds no saved model or adapter, or a folder named is
+    not one of its sub-folders."""
     if not os.path.isdir(run_dir):
         raise ValueError(f"RUN_DIR {run_dir!r} is not a directory: give the `output_dir` of a training run.")
     names = {name for name in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, name))}
@@ -485,6 +484,15 @@ def _files_to_push(run_dir: str) -> list[tuple[str, str]]:
     files = [(name, os.path.join(run_dir, name)) for name in sorted(names)
              if name != "README.md" and not name.startswith(".")]
     files += [(f"{EVAL_DIR}/{os.path.basename(path)}", path) for path in eval_result_paths(run_dir)]
+    for folder in include_folders:
+        top = os.path.normpath(os.path.join(run_dir, folder))
+        if not os.path.isdir(top) or os.path.dirname(os.path.relpath(top, run_dir)) or folder in (".", ".."):
+            found = sorted(n for n in os.listdir(run_dir) if os.path.isdir(os.path.join(run_dir, n)))
+            raise ValueError(f"--include {folder!r} is not a folder of RUN_DIR {run_dir!r}: choose among "
+                             f"{', '.join(found) or 'none'}")
+        for root, _, names in os.walk(top):
+            files += [(os.path.relpath(os.path.join(root, name), run_dir).replace(os.sep, "/"),
+                       os.path.join(root, name)) for name in sorted(names) if not name.startswith(".")]
     return files
 
 

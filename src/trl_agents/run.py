@@ -13,8 +13,9 @@
    `eval_results.json` (both evaluations), `eval/{name}.json` (the one after RL, see `write_eval_result`) and
    `learning_curve.png`; then, with `push_to_hub`, publish it all (`trl_agents.hub.push_run`).
 
-The held-out success before and after RL (and the warm start's validation curve) also go to the `report_to`
-trackers, as `eval_before_rl/*` and `eval_after_rl/*`. The base model's Hub id is kept through every stage
+The held-out success before and after RL (and the warm start's summary) also go to the `report_to` trackers, as
+`eval_before_rl/*` and `eval_after_rl/*` (shown as `eval/before_rl/*`, `eval/after_rl/*` by wandb and trackio) and
+`warm_start/*`. The base model's Hub id is kept through every stage
 (`run_info.json`'s `base_model`, the card's `base_model`, a LoRA adapter's base), also after a warm start.
 
 Under `accelerate launch` (several processes) every process runs this function: the main process alone builds the

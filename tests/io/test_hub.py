@@ -112,6 +112,18 @@ def result_of(done: subprocess.CompletedProcess) -> dict:
 
 # ---- round trips ---------------------------------------------------------------------------------------------------
 
+KEYWORD_ENV = textwrap.dedent("""
+    from trl_agents.envs import AgentEnv, register_env
+
+    @register_env
+    class KeywordEnv(AgentEnv):  # conftest.py's test-keyword, as far as a push reads it
+        name, instructions = "test-keyword", "Say something with the letter a."
+
+        @classmethod
+        def task_split(cls, split, count=None, **env_kwargs):
+            return [{"env": cls.name, "seed": 10_000 + i} for i in range(count or 64)]
+""")
+
 PUSH_AND_READ_BACK = """
     import json, sys, yaml
     import torch
@@ -120,15 +132,6 @@ PUSH_AND_READ_BACK = """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl_agents.hub import push_run
     from trl_agents.checkpoints import load_agent_config
-    from trl_agents.envs import AgentEnv, register_env
-
-    @register_env
-    class KeywordEnv(AgentEnv):  # the tests' toy env (conftest.py), whose held-out tasks become a benchmark dataset
-        name, instructions = "test-keyword", "Say something with the letter a."
-
-        @classmethod
-        def task_split(cls, split, count=None, **env_kwargs):
-            return [{"env": cls.name, "seed": 10_000 + i} for i in range(count or 64)]
 
     def edited_card(repo, run_dir, name):
         # Edit the card on the Hub (a license, a tag, its own body), push the run again, read it back.
@@ -139,7 +142,8 @@ PUSH_AND_READ_BACK = """
         return {"license": card.data.license, "tags": card.data.tags, "text": card.text,
                 "results": len(card.data.eval_results or [])}
 
-    run_dir, name, repo = sys.argv[1:]
+    run_dir, name, repo, env = sys.argv[1:]
+    exec(env)  # the tests' toy env, whose held-out tasks become a benchmark dataset
     urls = push_run(run_dir, name)  # no namespace: the token's user
     pushed, local = AutoModelForCausalLM.from_pretrained(repo), AutoModelForCausalLM.from_pretrained(run_dir)
     weights_equal = all(torch.equal(a, b) for a, b in zip(pushed.state_dict().values(), local.state_dict().values()))
@@ -172,7 +176,7 @@ def test_push_run_round_trip(runs, tmp_path):
     before = tree_hash(run_dir)
     with LoopbackHubServer(token=TOKEN) as hub:
         result = result_of(run_python(hub.client_env(str(tmp_path)), PUSH_AND_READ_BACK, str(run_dir),
-                                      "tiny-agent", "tester/tiny-agent"))
+                                      "tiny-agent", "tester/tiny-agent", KEYWORD_ENV))
         assert hub.unknown_requests == []
         assert hub.count("lfs-upload") >= 2  # model.safetensors and the trajectories' parquet went through LFS
     assert tree_hash(run_dir) == before
@@ -222,8 +226,10 @@ PUSH_LORA_WITH_THE_CLI = """
     from safetensors.torch import load_file
     from trl_agents.cli import main
 
-    run_dir, repo = sys.argv[1:]
-    main(["push", run_dir, "--repo", repo, "--no_trajectories", "--private"])
+    run_dir, repo, env = sys.argv[1:]
+    exec(env)
+    main(["push", run_dir, "--repo", repo, "--no_trajectories", "--no_eval_tasks", "--private",
+          "--include", "trajectories"])
     model = AutoPeftModelForCausalLM.from_pretrained(repo)
     saved = load_file(run_dir + "/adapter_model.safetensors")
     loaded = {name.replace(".default", ""): p for name, p in model.named_parameters() if "lora_" in name}
@@ -240,16 +246,22 @@ def test_lora_run_pushes_an_adapter_that_peft_loads(runs, tmp_path):
     run_dir = runs["lora"]
     before = tree_hash(run_dir)
     with LoopbackHubServer(token=TOKEN) as hub:
-        done = run_python(hub.client_env(str(tmp_path)), PUSH_LORA_WITH_THE_CLI, str(run_dir), "tester/tiny-lora")
+        done = run_python(hub.client_env(str(tmp_path)), PUSH_LORA_WITH_THE_CLI, str(run_dir), "tester/tiny-lora",
+                          KEYWORD_ENV)
         result = result_of(done)
         assert hub.unknown_requests == []
-        assert list(hub.repos) == [("model", "tester/tiny-lora")]  # --no_trajectories: no dataset repo
+        # --no_trajectories, --no_eval_tasks: no dataset repo, no .eval_results
+        assert list(hub.repos) == [("model", "tester/tiny-lora")]
+        assert not [name for name in hub.files("tester/tiny-lora") if name.startswith(".eval_results/")]
         assert hub.repos[("model", "tester/tiny-lora")].private
     assert tree_hash(run_dir) == before
     assert "model: http://127.0.0.1" in done.stdout and "trajectories:" not in done.stdout
     assert result["lora_weights_equal"]
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(result["files"])
     assert "model.safetensors" not in result["files"]
+    # a side folder goes in only when asked (--include): here the shards, as they are
+    assert sorted(f for f in result["files"] if f.startswith("trajectories/")) == [
+        f"trajectories/{path.name}" for path in sorted((run_dir / "trajectories").glob("shard-*.parquet"))]
     assert result["library_name"] == "peft" and "lora" in result["tags"]
     assert "AutoPeftModelForCausalLM" in result["text"] and "adapter" in result["text"]
 
@@ -369,6 +381,9 @@ def test_bad_repo_id_and_bad_run_dir_fail_before_any_network_call(tmp_path):
         push_run(str(tmp_path), "me/model")
     with pytest.raises(ValueError, match="is not a directory"):
         push_run(str(tmp_path / "missing"), "me/model")
+    with pytest.raises(ValueError, match=r"--include 'warm-start' is not a folder of RUN_DIR .*: choose among "
+                                         r"trajectories"):
+        push_run(str(run_dir), "me/model", include_folders=["warm-start"])
     with pytest.raises(SystemExit, match="trl-agents push: error: --repo 'a/b/c' is not a valid Hub repo id"):
         main(["push", str(run_dir), "--repo", "a/b/c"])
     assert tree_hash(run_dir) == before

@@ -94,6 +94,9 @@ def test_a_hub_model_trained_with_lora_from_the_cli_is_published_ready_to_use(tm
                               check=False, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-6000:]
         assert "pushed to" in done.stdout and f"outputs in {tmp_path / 'run'}" in done.stdout
+        # Under LoRA the warm start trained an adapter (RL continued it), not the whole model.
+        warm = tmp_path / "run" / "warm-start"
+        assert (warm / "adapter_config.json").is_file() and not (warm / "model.safetensors").exists()
         read = run_python(env, READ_WHAT_WAS_PUBLISHED, "tester/sokoban-agent")
         assert read.returncode == 0, read.stderr[-6000:]
         assert hub.unknown_requests == []
@@ -169,3 +172,58 @@ def test_a_warm_started_folder_names_the_hub_model_it_came_from(tmp_path):
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path)}))
     assert hub_base_model(str(tmp_path / "adapter")) == "org/tiny-qwen3"  # followed through the local folder
+
+
+def test_tasks_come_from_a_dataset_by_name(tmp_path):
+    """`--dataset_name` (TRL scripts' flag): task rows published as a dataset, its train split trained on and its
+    `dataset_test_split` evaluated; a split it lacks is a one-line error."""
+    from datasets import Dataset, DatasetDict
+
+    from trl_agents import GiGPOConfig
+    from trl_agents.envs import get_env_class
+    from trl_agents.run import RunArguments, _tasks
+
+    env = get_env_class("frozenlake")
+    splits = DatasetDict({"train": Dataset.from_list(env.task_split("train", 6)),
+                          "test": Dataset.from_list(env.task_split("eval", 3))})
+    for split, rows in splits.items():  # a folder of data files, as a dataset repo holds them
+        rows.to_json(str(tmp_path / "files" / f"{split}.jsonl"))
+    config = GiGPOConfig(str(tmp_path / "out"), env_name="frozenlake", report_to="none", use_cpu=True)
+    run = RunArguments(dataset_name=str(tmp_path / "files"), dataset_test_split="test", num_train_tasks=4)
+    train, held_out = _tasks(run, config, env)
+    assert [row["seed"] for row in train] == [row["seed"] for row in env.task_split("train", 4)]
+    assert [row["seed"] for row in held_out] == [row["seed"] for row in env.task_split("eval", 3)]
+    with pytest.raises(ValueError, match="dataset_test_split"):
+        _tasks(RunArguments(dataset_name=str(tmp_path / "files"), dataset_test_split="validation"), config, env)
+
+
+def test_sft_subset_keeps_valid_steps_of_solved_episodes_as_chats():
+    from datasets import Dataset
+
+    from trl_agents.hub import sft_rows
+
+    chat = [{"role": "user", "content": "o"}]
+    reply = [{"role": "assistant", "content": "a"}]
+    rows = Dataset.from_list([
+        {"success": True, "valid": True, "step": 0, "prompt": chat, "completion": reply},   # kept
+        {"success": True, "valid": False, "step": 1, "prompt": chat, "completion": reply},  # invalid action
+        {"success": False, "valid": True, "step": 0, "prompt": chat, "completion": reply},  # unsolved episode
+        {"success": True, "valid": True, "step": -1, "prompt": [], "completion": []},       # failed before step 0
+    ])
+    kept = sft_rows(rows)
+    assert kept.column_names == ["prompt", "completion"] and kept.to_list() == [{"prompt": chat, "completion": reply}]
+
+
+def test_a_conversation_step_is_recorded_as_the_chat_so_far():
+    from trl_agents.records import step_chat
+    from trl_agents.trajectory import PromptParts, Step, Trajectory
+
+    first = PromptParts("Rules.", "Task.", (), "o0")
+    steps = [Step("o0", "a0", prompt_parts=first), Step("o1", "a1", prompt_parts=first),
+             Step("o2", "a2", prompt_parts=first)]
+    prompt, completion = step_chat(Trajectory(task={}, steps=steps), 2, conversation=True)
+    assert prompt == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Task.\no0"},
+                      {"role": "assistant", "content": "a0"}, {"role": "user", "content": "o1"},
+                      {"role": "assistant", "content": "a1"}, {"role": "user", "content": "o2"}]
+    assert completion == [{"role": "assistant", "content": "a2"}]
+    assert step_chat(Trajectory(task={}, steps=[Step("o", "a")]), 0) == ([], [])  # rebuilt from rows: no prompt

@@ -181,3 +181,31 @@ def test_trainer_shows_rollout_progress_unless_progress_bars_are_disabled(train_
     last = shown.rollout_progress.last
     assert last.num_episodes == last.finished == 4 and last.turn == 2
     assert last.successes == sum(t.success for t in shown.last_rollout.trajectories)
+
+
+@pytest.mark.slow
+def test_trl_agents_train_sends_the_held_out_evaluations_to_the_trackers_run(tmp_path):
+    """`run_training` logs the evaluation before RL and the one after it (from inside train(), before trackio closes
+    its run) into the same trackio run as the training metrics."""
+    storage = pytest.importorskip("trackio.sqlite_storage")
+    from trl import ModelConfig
+
+    from trl_agents.run import RunArguments, run_training
+
+    project = f"trl-agents-{tmp_path.name}"
+    run = RunArguments(method="gigpo", tiny_model=True, num_train_tasks=4, num_eval_tasks=2,
+                       tiny_model_kwargs={"hidden_size": 32, "num_layers": 1, "vocab_size": 300})
+    config = tiny_training_config(GiGPOConfig, tmp_path / "out", env_name="frozenlake", max_steps=1, max_turns=2,
+                                  max_completion_length=2, report_to="trackio", project=project, run_name="one-run",
+                                  trackio_static_space_id=False)
+    results = run_training(run, config, ModelConfig())
+    with sqlite3.connect(storage.SQLiteStorage.get_project_db_path(project)) as database:
+        runs = {name for (name,) in database.execute("SELECT DISTINCT run_name FROM metrics")}
+        rows = [json.loads(payload) for (payload,) in database.execute("SELECT metrics FROM metrics")]
+    logged = {key: value for row in rows for key, value in row.items()}
+    assert runs == {"one-run"}  # the evaluation after RL did not open a second run
+    # (transformers' trackers file `eval_*` keys under eval/)
+    assert logged["eval/before_rl/success_rate"] == results["eval_before_rl"]["success_rate"]
+    assert logged["eval/after_rl/success_rate"] == results["eval_after_rl"]["success_rate"]
+    assert "train/env/success_rate" in logged
+    assert not any(key.startswith(("eval/before_rl/max_turns", "eval/after_rl/temperature")) for key in logged)
