@@ -424,17 +424,17 @@ below p = 0.0625 with 5 seeds, which is where every "held" for a strict predicti
 way. Held-out success is the sampled policy's on 500 corridors (about ±2.2 points of binomial noise per run), with
 every method of a seed sampling from the same seeded random stream, which pairs part of that noise too.
 
-* **Solver credit is the clearest effect.** CAST beat GRPO on every seed (+7.0 points, [+4.6, +9.3]) and GiGPO too
+* **Solver credit is the clearest effect.** CAST beat GRPO on every seed (+7.0 points, [+4.6, +9.4]) and GiGPO too
   (+5.1, [+2.5, +7.8]). Its turn-level signal is the exact change in rooms to go, the strongest signal any method
   here gets; the result says that when an exact process signal exists, using it pays, which is the paper's claim.
 * **GiGPO over GRPO is inconclusive** (+1.9, [−0.2, +4.4]; 4 of 5 seeds ahead). This is what the corridor's
   signal-to-noise estimate anticipated: over the accuracies these runs spent their budget at (held-out success 0.2 to
   0.6, a per-room accuracy of roughly 0.85 to 0.92), anchor-state credit is only ~6 % cleaner per decision than
   outcome credit; the estimate's larger gains start near the ceiling (p ≥ 0.95), which this budget did not reach.
-  ECPO is not worse than GiGPO (+0.2, [−1.8, +3.2]) and is ahead of GRPO (+2.1, [+0.6, +3.7]; not a registered
+  ECPO is not worse than GiGPO (+0.2, [−1.8, +3.2]) and is ahead of GRPO (+2.1, [+0.5, +3.7]; not a registered
   prediction).
 * **CANOPY did what it claims, but the starvation it cures is small here.** Its groups almost never scored all
-  alike (0.2 % against GRPO's 4.7 %) and it gained +4.2 points ([+1.2, +7.6]) at the same tokens and nearly the same
+  alike (0.2 % against GRPO's 4.7 %) and it gained +4.2 points ([+1.2, +7.4]) at the same tokens and nearly the same
   episodes (1,440 against 1,434). GRPO's groups were already mixed 95 % of the time at these success rates, so the
   gain is larger than the 4.5 % more informative groups alone would suggest; we do not know what else contributes.
 * **BPO is the largest effect, with a confound.** +11.0 points ([+7.3, +14.5]) at equal generated tokens: its
