@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -173,6 +174,13 @@ def test_evaluate_metric_loads_offline_and_matches_summarize(tokenizer, scripted
     assert combined["pass_at_4"] == pytest.approx(result["pass_at_4"])
     with pytest.raises(ValueError, match="Unknown trl-agents metric 'accuracy'"):
         metric_path("accuracy")
+
+
+def test_without_evaluate_the_metric_names_the_extra_and_pass_at_k_still_works(monkeypatch):
+    monkeypatch.setitem(sys.modules, "evaluate", None)  # `import evaluate` raises ImportError, as when not installed
+    with pytest.raises(ImportError, match=r'needs `evaluate`: pip install "trl-agents\[metrics\]"'):
+        load_metric("agent_success")
+    assert pass_at_k(4, 1, 2) == 0.5
 
 
 # ---- trl-agents eval -------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 `pass_at_k` and `pass_at_k_values` are what `trl_agents.evaluation.summarize` reports. The same numbers are
 available as an `evaluate` metric, `agent_success`, for code that already computes its metrics with `evaluate`
 (`evaluate.combine`, evaluation suites). It loads offline from the installed package: `evaluate.load` accepts a
-local folder holding the module's script, so nothing is downloaded.
+local folder holding the module's script, so nothing is downloaded. `evaluate` comes with the `metrics` extra
+(`pip install "trl-agents[metrics]"`); pass@k does not need it.
 
 Example:
     >>> from trl_agents.metrics import load_metric
@@ -79,6 +80,9 @@ def metric_path(name: str) -> str:
 
 def load_metric(name: str, **kwargs: Any):
     """`evaluate.load` of a packaged metric (offline: from the installed package). `kwargs` go to `evaluate.load`."""
-    import evaluate
-
-    return evaluate.load(metric_path(name), **kwargs)
+    path = metric_path(name)
+    try:
+        import evaluate
+    except ImportError:
+        raise ImportError(f'The {name!r} metric needs `evaluate`: pip install "trl-agents[metrics]"') from None
+    return evaluate.load(path, **kwargs)
