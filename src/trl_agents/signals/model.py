@@ -306,7 +306,8 @@ class PrefillRecorder:
     """Forward hooks that keep, for every prompt of a generation prefill, the pooled output of one decoder layer.
 
     A backbone call counts as a prefill when it sees whole sequences: 2-D `input_ids` and `attention_mask` of the
-    same shape and an empty KV cache (the decode steps that follow see one new token). Vectors are keyed by the
+    same shape (or no mask and more than one token: unpadded prompts) and an empty KV cache (the decode steps that
+    follow see one new token). Vectors are keyed by the
     prompt's token ids (the unmasked ones), which are exactly the `Step.prompt_ids` the rollout records.
     """
 
@@ -338,6 +339,10 @@ class PrefillRecorder:
             # A static-cache prefill (generation_backend="static") passes the mask of the whole cache; the prompt's
             # columns come first.
             mask = mask[:, : input_ids.shape[1]]
+        elif torch.is_tensor(input_ids) and input_ids.dim() == 2 and mask is None and input_ids.shape[1] > 1:
+            # Prompts of one length have no padding, and `generate` (transformers >= 5.18) then passes no mask; a
+            # decode step is one token wide.
+            mask = torch.ones_like(input_ids)
         whole = (
             torch.is_tensor(input_ids)
             and torch.is_tensor(mask)

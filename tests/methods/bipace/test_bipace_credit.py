@@ -536,3 +536,20 @@ def test_start_up_error_for_a_layer_the_model_lacks(tiny_model, tokenizer, tmp_p
     with pytest.raises(ValueError, match=r"hidden_layer=-12 is out of range for a model with 1 decoder layers"):
         BiPACETrainer(model=tiny_model, args=make_config(tmp_path, hidden_layer=-12), train_dataset=TASKS,
                       processing_class=tokenizer)
+
+
+def test_the_prefill_recorder_keeps_prompts_generate_passes_without_a_mask(tiny_model):
+    """Prompts of one length have no padding, and transformers' generate (>= 5.18) then calls the backbone without an
+    attention mask: the prefill still counts (all ones), and a one-token decode step still does not."""
+    from trl_agents.signals.model import PrefillRecorder
+
+    recorder = PrefillRecorder(layer_index=-1, pooling="last_token")
+    prompts = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with recorder.recording(tiny_model), torch.no_grad():
+        tiny_model(input_ids=prompts)  # the prefill, no mask
+        tiny_model(input_ids=torch.tensor([[11], [12]]))  # a decode-like one-token call, no mask
+    vectors = recorder.take()
+    assert set(vectors) == {(5, 6, 7), (8, 9, 10)}
+    with recorder.recording(tiny_model), torch.no_grad():
+        tiny_model(input_ids=prompts, attention_mask=torch.ones_like(prompts))  # the same prefill, mask given
+    assert all(torch.equal(vectors[key], vector) for key, vector in recorder.take().items())
