@@ -12,10 +12,12 @@ backends (it would end the trainer itself).
 Reported per case: faults injected, episodes failed, whether the run completed its steps, recorded episodes and
 episodes lost from the trajectory records (must be 0). Counts are facts, not timings: one run is enough.
 
-    python benchmarks/faults.py            # ~2-3 min on 2 cores (Ray starts once)
+    python benchmarks/faults.py            # ~2-3 min on 2 cores (Ray starts once), then ~3 min of run-level faults
     python benchmarks/faults.py --no-ray   # without the Ray backend
+    python benchmarks/faults.py --no-run-faults   # the matrix only (keeps the run-level section already written)
 
-Writes `benchmarks/results/faults.md`.
+Writes `benchmarks/results/faults.md`, ending with the run-level faults of `benchmarks/faults_run.py` (SIGTERM during
+a save, a full disk, a second run into the same folder, through the CLI).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ NOT_RUN = {("inline", "hang"): "no timeout to stop it", ("inline", "exit"): "wou
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-ray", action="store_true", help="leave the Ray backend out")
+    parser.add_argument("--no-run-faults", action="store_true",
+                        help="leave out the run-level faults (benchmarks/faults_run.py); keep their section as it is")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "faults.md"))
     args = parser.parse_args()
 
@@ -101,6 +105,12 @@ def main() -> None:
     )
     text = header + summary + "\n\n" + "\n".join(lines) + "\n"
     print("\n" + summary)
+    from faults_run import MARKER, run_all, section
+
+    if not args.no_run_faults:
+        text += "\n" + section(*run_all())
+    elif Path(args.output).exists() and MARKER in Path(args.output).read_text():
+        text += "\n" + MARKER + Path(args.output).read_text().split(MARKER, 1)[1]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)
     print(f"written to {args.output}")

@@ -492,10 +492,12 @@ def _check_model_path(name: str) -> None:
         raise ValueError(f"--model_name_or_path {name!r}: no such directory (pass a checkpoint folder or a Hub model id)")
 
 
-def push(argv: list[str]) -> dict[str, str | None]:
+def push(argv: list[str]) -> dict:
     """`trl-agents push RUN_DIR --repo USER/NAME`: the run's model (or LoRA adapter), model card, eval results and
     trajectories to the Hub (see `trl_agents.hub.push_run`); `trl-agents push RESULTS.parquet --repo USER/NAME`: a
-    results table as a dataset (`trl_agents.hub.push_results`)."""
+    results table as a dataset (`trl_agents.hub.push_results`). Only the files a model repo documents go in: other
+    files of RUN_DIR are skipped with a warning, and a link out of RUN_DIR is never followed. `--dry_run` lists what
+    would be uploaded."""
     from .hub import DEFAULT_COMMIT_MESSAGE, push_results, push_run
 
     parser = argparse.ArgumentParser(prog="trl-agents push", description=push.__doc__)
@@ -514,9 +516,14 @@ def push(argv: list[str]) -> dict[str, str | None]:
     parser.add_argument("--no_eval_tasks", action="store_true",
                         help="do not publish the evaluations' tasks as benchmark datasets (the scores then stay in the "
                         "card's model-index, without .eval_results/)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print every file that would be uploaded to each repo (path in the repo, size) and "
+                        "upload nothing (no network call, no token needed)")
     args = parser.parse_args(argv)
     if args.run_dir.endswith(".parquet"):
-        urls = push_results(args.run_dir, args.repo, token=args.token, private=args.private)
+        urls = push_results(args.run_dir, args.repo, token=args.token, private=args.private, dry_run=args.dry_run)
+        if args.dry_run:
+            return print_push_plan(urls)
         print(f"results: {urls['dataset']}")
         return urls
     from .records import read_run_info
@@ -535,11 +542,29 @@ def push(argv: list[str]) -> dict[str, str | None]:
         method=method,
         push_eval_tasks=not args.no_eval_tasks,
         include_folders=args.include,
+        dry_run=args.dry_run,
     )
+    if args.dry_run:
+        return print_push_plan(urls)
     print(f"model: {urls['model']}")
     if urls["dataset"]:
         print(f"trajectories: {urls['dataset']}")
     return urls
+
+
+def print_push_plan(plan: dict) -> dict:
+    """Print `push_run(..., dry_run=True)`'s plan: each repo, then its files (path in the repo, size). Returns it."""
+    print("dry run: nothing was uploaded. A push would upload:")
+    repos = [("model repo", plan["model"]), ("trajectory dataset" if plan["model"] else "dataset", plan["dataset"]),
+             *(("benchmark dataset", repo) for repo in plan["benchmarks"])]
+    for kind, repo in repos:
+        if repo is None:
+            continue
+        print(f"{kind} {repo['repo_id']}:")
+        for file in repo["files"]:
+            size = f"{file['size']:,} bytes" if file["size"] is not None else "made by the push"
+            print(f"  {file['path']}  ({size}; from {file['source']})")
+    return plan
 
 
 def list_envs(argv: list[str] | None = None) -> None:

@@ -34,6 +34,7 @@ from .fileio import atomic_write
 from .metrics import mean_pass_at_k
 from .rollout import EnvPool, PromptRenderer, RolloutEngine, SamplingParams, TransformersGenerator
 from .rollout.generators import Generator
+from .rollout.prompts import prompt_length_limit
 from .trajectory import RolloutBatch
 
 EVAL_DIR = "eval"
@@ -86,6 +87,8 @@ def evaluate_policy(
             at twice it).
         train_max_turns: The training turn budget, recorded in the result (and in its file name when it differs
             from `max_turns`); None when unknown.
+        max_prompt_length: Longest prompt in tokens (an episode whose prompt cannot fit fails); None = the model's
+            context length minus `max_new_tokens`, as in training (`prompt_length_limit`).
         greedy: Greedy decoding; False samples at `temperature`.
         num_samples: Episodes per task (needs sampling when > 1); reports pass@k.
         seed: With sampling, draw from torch's generator seeded with `seed`, in a forked state: two models evaluated
@@ -113,9 +116,11 @@ def evaluate_policy(
         from .rollout.progress import RolloutProgress
 
         progress = RolloutProgress(f"eval {env}")
+    # None: the model's context minus max_new_tokens, as in training (`prompt_length_limit`).
+    limit, origin = prompt_length_limit(max_prompt_length, model, max_new_tokens)
     engine = RolloutEngine(
         generator or TransformersGenerator(model, tokenizer, batch_size=batch_size),
-        PromptRenderer(tokenizer, history_length, max_prompt_length, chat_template_kwargs),
+        PromptRenderer(tokenizer, history_length, limit, chat_template_kwargs, max_prompt_length_origin=origin),
         max_turns=max_turns,
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy),
         row_format=row_format,

@@ -4,9 +4,10 @@
 
 1. the trajectories (`RUN_DIR/trajectories/*.parquet`, one row per step) as the dataset repo `user/name-trajectories`
    (`datasets.Dataset.push_to_hub`), with a card that links back to the model;
-2. in one commit to the model repo `user/name`: the top-level files of RUN_DIR (the final model, or the LoRA adapter
-   as PEFT saved it; tokenizer; `agent_config.json`; `run_info.json`, the full config; `metrics.json`;
-   `learning_curve.png`), the raw eval results `eval/*.json`, the model card `README.md` rendered from
+2. in one commit to the model repo `user/name`: the documented top-level files of RUN_DIR (`PUSHED_FILES`: the
+   final model, or the LoRA adapter as PEFT saved it; tokenizer; `agent_config.json`; `run_info.json`, the full
+   config; `metrics.json`; `learning_curve.png`; `training_args.bin`, which holds no token), the raw eval results
+   `eval/*.json`, the model card `README.md` rendered from
    `model_cards/model_card.md` (method, paper, environment, key settings, eval table and `model-index`, learning
    curve, links to the trajectories and the config), and the eval results in the Hub's `.eval_results/*.yaml` format.
 
@@ -14,7 +15,10 @@
    (`push_eval_tasks`), which the `.eval_results/*.yaml` entries name: the scores link to a dataset that exists, and
    the Hub lists them on that dataset's leaderboard once it allow-lists it as a benchmark.
 
-Sub-folders (`checkpoint-*`, `base-model`, `warm-start`, `trajectories`) never go into the model repo. Nothing is
+Sub-folders (`checkpoint-*`, `base-model`, `warm-start`, `trajectories`) never go into the model repo. Any other
+top-level file is skipped with a warning that names it, and nothing outside RUN_DIR is published: a link out of it
+is skipped, or refused when it bears the name of a file to push. `push_run(..., dry_run=True)` (`trl-agents push
+--dry_run`) returns the plan, every file for every repo, without any network call. Nothing is
 written into RUN_DIR, so a failed push leaves the run as it was. A second push keeps what was edited on the Hub: the
 card's metadata is merged (keys and tags added there stay), and a card body rewritten there is kept as it is.
 During training, `AgentGRPOConfig(push_to_hub=True, hub_model_id="user/name")` pushes through the same function
@@ -32,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -66,6 +71,8 @@ from .records import (
     shard_files,
 )
 
+logger = logging.getLogger(__name__)
+
 LEARNING_CURVE_NAME = "learning_curve.png"
 DEFAULT_COMMIT_MESSAGE = "Upload trl-agents run"
 CARD_MARKER = "<!-- trl-agents model card -->"
@@ -88,6 +95,22 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 MODEL_WEIGHTS = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
+PUSHED_FILES = (
+    # the model (weights, sharded or not, and configs) or the LoRA adapter, as save_pretrained writes them
+    *MODEL_WEIGHTS, "model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "config.json", "generation_config.json",
+    "adapter_config.json", *ADAPTER_WEIGHTS,
+    # the tokenizer or processor
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model",
+    "sentencepiece.bpe.model", "*.tiktoken", "preprocessor_config.json", "processor_config.json",
+    # the run's records (training_args.bin holds no token: AgentGRPOTrainer._save)
+    "agent_config.json", RUN_INFO_NAME, "metrics.json", "eval_results.json", "eval_before_rl.json",
+    "rollout_totals.json", LEARNING_CURVE_NAME, "training_args.bin",
+    # the methods' `save_extra_state` (3SPO, EPPO, ToolRL)
+    "state_scores.json", "eppo_state.json", "toolrl_state.json",
+)
+"""The top-level files of RUN_DIR that `push_run` uploads (fnmatch patterns), with the custom-code modules that
+`config.json` / `tokenizer_config.json` name in `auto_map`. Any other file is skipped, and named in a warning."""
 
 
 def push_run(
@@ -103,7 +126,8 @@ def push_run(
     push_eval_tasks: bool = True,
     revision: str | None = None,
     include_folders: Sequence[str] = (),
-) -> dict[str, str | None]:
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Push a run directory to the Hub: model or adapter, card with eval results, and its trajectories as a dataset.
 
     Args:
@@ -120,23 +144,41 @@ def push_run(
         revision: Branch of the model repo to commit to (default: main; `hub_revision` during training).
         include_folders: Sub-folders of RUN_DIR to push as well, under the same path (e.g. `("warm-start",)`: the
             warm-started model); by default none is pushed.
+        dry_run: Upload nothing, make no network call (no token needed): return the plan instead.
+
+    Only the files the model repo documents go in (`PUSHED_FILES`, `eval/*.json`, the `include_folders`): any other
+    top-level file is skipped and named in a warning. A file to push that is a link out of RUN_DIR is refused
+    (ValueError), and a link of any other name is skipped: nothing outside RUN_DIR is published.
 
     Returns:
-        `{"model": URL, "dataset": URL or None, "commit": URL}`.
+        `{"model": URL, "dataset": URL or None, "commit": URL}`; with `dry_run`, the plan: `{"model": REPO,
+        "dataset": REPO or None, "benchmarks": [REPO, ...], "skipped": [(name, why), ...]}`, each REPO a
+        `{"repo_id": id, "files": [{"path": path in repo, "size": bytes or None (made by the push), "source": what
+        it is made from}, ...]}`.
 
     Raises:
-        ValueError: a bad repo id or a RUN_DIR without a saved model (before any network call).
+        ValueError: a bad repo id, a RUN_DIR without a saved model, or a file to push that links out of RUN_DIR
+            (before any network call).
         PermissionError: no token for the Hub, or the Hub refused it.
         ConnectionError: the Hub endpoint cannot be reached (or `HF_HUB_OFFLINE` is set).
     """
-    files = _files_to_push(run_dir, include_folders)
+    files, skipped = _files_to_push(run_dir, include_folders)
     check_repo_id(repo_id, "--repo")
     folder = os.path.join(run_dir, TRAJECTORIES_DIR)
     shards = shard_files(folder) if push_trajectories and os.path.isdir(folder) else []
+    for shard in shards:
+        _refuse_outside(shard, run_dir)
     if dataset_repo_id is not None or shards:
         check_repo_id(dataset_repo_id or f"{repo_id}-trajectories", "--dataset_repo")
-    token = _token_or_error(token)
+    if skipped:
+        logger.warning("trl-agents push: skipped %d file(s) of %s that a push does not publish: %s. (`hf upload "
+                       "REPO FILE` uploads one on purpose.)", len(skipped), run_dir,
+                       "; ".join(f"{name} ({why})" for name, why in skipped))
     run_info, eval_results = read_run_info(run_dir, missing_ok=True), read_eval_results(run_dir)
+    if dry_run:
+        return _push_plan(run_dir, repo_id, files, shards, dataset_repo_id, run_info, eval_results, method,
+                          push_eval_tasks, skipped)
+    token = _token_or_error(token)
     api = HfApi(token=token)
     with _clear_hub_errors(api.endpoint, run_dir, has_token=token is not None):
         # First, as it checks the token and the endpoint. `name` alone gets the user's namespace.
@@ -426,16 +468,21 @@ def _push_benchmarks(api, run_dir: str, results: list[dict[str, Any]], namespace
                      private: bool) -> dict[str, str]:
     """`push_eval_tasks` for every evaluation of the run whose environment is registered: name -> dataset id."""
     from .checkpoints import load_agent_config
+
+    env_kwargs = load_agent_config(run_dir).get("env_kwargs") or {}
+    return {name: push_eval_tasks(api, repo_id, result, env_kwargs, private).repo_id
+            for name, (repo_id, result) in _benchmark_repos(run_dir, results, namespace).items()}
+
+
+def _benchmark_repos(run_dir: str, results: list[dict[str, Any]],
+                     namespace: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The evaluations of the run whose environment is registered: name -> (benchmark dataset id, eval result)."""
+    from .checkpoints import load_agent_config
     from .envs import list_envs
 
     env_kwargs = load_agent_config(run_dir).get("env_kwargs") or {}
-    benchmarks: dict[str, str] = {}
-    for result in results:
-        if result.get("env") not in list_envs() or not result.get("name"):
-            continue
-        repo_id = eval_tasks_repo_id(namespace, result, env_kwargs)
-        benchmarks[result["name"]] = push_eval_tasks(api, repo_id, result, env_kwargs, private).repo_id
-    return benchmarks
+    return {result["name"]: (eval_tasks_repo_id(namespace, result, env_kwargs), result) for result in results
+            if result.get("env") in list_envs() and result.get("name")}
 
 
 def push_results(
@@ -445,12 +492,15 @@ def push_results(
     token: str | None = None,
     private: bool = False,
     commit_message: str = "Upload trl-agents results",
-) -> dict[str, str | None]:
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Push a results table (a parquet file, e.g. `benchmarks/results/evidence_runs.parquet`, one row per run) to the
     dataset repo `repo_id` as its `train` split (`datasets.Dataset.push_to_hub`).
 
     Returns `{"model": None, "dataset": URL, "commit": None}`. Raises ValueError for a path that is not a parquet
     file or a bad repo id (before any network call), and the errors of `push_run` for the token and the endpoint.
+    With `dry_run`, uploads nothing and returns the plan, as `push_run` does: `{"model": None, "dataset": REPO,
+    "benchmarks": [], "skipped": []}`.
     """
     from datasets import Dataset
 
@@ -458,6 +508,10 @@ def push_results(
         raise ValueError(f"{path!r} is not a parquet file: give a results table such as "
                          "benchmarks/results/evidence_runs.parquet (or a run directory to push a run).")
     check_repo_id(repo_id, "--repo")
+    if dry_run:
+        files = [{"path": "data/train-*.parquet", "size": None, "source": f"{path} ({os.path.getsize(path)} bytes)"},
+                 {"path": "README.md", "size": None, "source": "the dataset card"}]
+        return {"model": None, "dataset": {"repo_id": repo_id, "files": files}, "benchmarks": [], "skipped": []}
     token = _token_or_error(token)
     table = Dataset.from_parquet(path)
     api = HfApi(token=token)
@@ -467,22 +521,45 @@ def push_results(
     return {"model": None, "dataset": str(url), "commit": None}
 
 
-def _files_to_push(run_dir: str, include_folders: Sequence[str] = ()) -> list[tuple[str, str]]:
-    """(path in repo, local path) of the run's files: its top-level files (not our README, which is rendered, nor
-    hidden files such as the temporary ones of unfinished writes, `fileio.atomic_write`), `eval/*.json`, and every
-    file below the `include_folders`. ValueError when the run holds no saved model or adapter, or a folder named is
-    not one of its sub-folders."""
+def _files_to_push(run_dir: str, include_folders: Sequence[str] = ()) -> tuple[list[tuple[str, str]],
+                                                                               list[tuple[str, str]]]:
+    """((path in repo, local path) of the run's files to push, (name, why) of the top-level files skipped).
+
+    Pushed: the top-level files `PUSHED_FILES` names (and the custom-code modules of `auto_map`), `eval/*.json`, and
+    every file below the `include_folders`. Skipped without a word: our README (rendered), hidden files (the temporary
+    ones of unfinished writes, `fileio.atomic_write`) and sub-folders; skipped with a warning: any other file, a link
+    of another name, a `training_args.bin` that holds a token (saved before `AgentGRPOTrainer._save` masked it).
+    ValueError when the run holds no saved model or adapter, a folder named is not one of its sub-folders, or a file
+    to push is a link out of RUN_DIR."""
+    from fnmatch import fnmatch
+
     if not os.path.isdir(run_dir):
         raise ValueError(f"RUN_DIR {run_dir!r} is not a directory: give the `output_dir` of a training run.")
-    names = {name for name in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, name))}
-    adapter = "adapter_config.json" in names and names & set(ADAPTER_WEIGHTS)
-    if not adapter and not ("config.json" in names and names & set(MODEL_WEIGHTS)):
+    names = sorted(name for name in os.listdir(run_dir) if not name.startswith(".") and name != "README.md"
+                   and not os.path.isdir(os.path.join(run_dir, name)))
+    code = _custom_code_files(run_dir)
+    kept, skipped = [], []
+    for name in names:
+        path = os.path.join(run_dir, name)
+        if not any(fnmatch(name, pattern) for pattern in PUSHED_FILES) and name not in code:
+            skipped.append((name, "a link out of RUN_DIR" if _outside(path, run_dir) else "not a file push publishes"))
+        elif not os.path.isfile(path):
+            skipped.append((name, "a broken link" if os.path.islink(path) else "not a regular file"))
+        else:
+            _refuse_outside(path, run_dir)
+            found = _pickled_tokens(path) if name == "training_args.bin" else []
+            if found is None or found:
+                skipped.append((name, f"it holds {', '.join(found)} in clear, saved by an older trl-agents: "
+                                      "delete it" if found else "not a torch.save of the training arguments"))
+            else:
+                kept.append(name)
+    adapter = "adapter_config.json" in kept and set(kept) & set(ADAPTER_WEIGHTS)
+    if not adapter and not ("config.json" in kept and set(kept) & set(MODEL_WEIGHTS)):
         raise ValueError(
             f"RUN_DIR {run_dir!r} holds no saved model: expected config.json + model weights, or adapter_config.json "
             "+ adapter weights (LoRA). Save one with `trainer.save_model()` (`trl-agents train` does)."
         )
-    files = [(name, os.path.join(run_dir, name)) for name in sorted(names)
-             if name != "README.md" and not name.startswith(".")]
+    files = [(name, os.path.join(run_dir, name)) for name in kept]
     files += [(f"{EVAL_DIR}/{os.path.basename(path)}", path) for path in eval_result_paths(run_dir)]
     for folder in include_folders:
         top = os.path.normpath(os.path.join(run_dir, folder))
@@ -493,7 +570,104 @@ def _files_to_push(run_dir: str, include_folders: Sequence[str] = ()) -> list[tu
         for root, _, names in os.walk(top):
             files += [(os.path.relpath(os.path.join(root, name), run_dir).replace(os.sep, "/"),
                        os.path.join(root, name)) for name in sorted(names) if not name.startswith(".")]
-    return files
+    for _, path in files:
+        _refuse_outside(path, run_dir)
+    return files, skipped
+
+
+def _outside(path: str, run_dir: str) -> str | None:
+    """The real path of `path` when it leads out of `run_dir` (a link, or a link on the way), else None."""
+    real, root = os.path.realpath(path), os.path.realpath(run_dir)
+    return None if os.path.commonpath([real, root]) == root else real
+
+
+def _refuse_outside(path: str, run_dir: str) -> None:
+    """ValueError when `path`, a file to push, is a link out of `run_dir`: a push publishes nothing from outside."""
+    real = _outside(path, run_dir)
+    if real is not None:
+        raise ValueError(f"{path} is a link to {real}, outside RUN_DIR {run_dir!r}: a push uploads only files inside "
+                         "the run; replace the link by a copy of the file, or remove it.")
+
+
+def _custom_code_files(run_dir: str) -> set[str]:
+    """The modules of a custom-code model or tokenizer (`trust_remote_code`) that its configs name in `auto_map`
+    ("modeling_x.XModel" -> "modeling_x.py"); code in another repo ("org/repo--modeling_x.XModel") is not ours."""
+    modules = set()
+    for name in ("config.json", "tokenizer_config.json"):
+        path = os.path.join(run_dir, name)
+        if not os.path.isfile(path) or _outside(path, run_dir):
+            continue
+        try:
+            with open(path) as handle:
+                auto_map = json.load(handle).get("auto_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        for references in auto_map.values() if isinstance(auto_map, dict) else ():
+            for reference in references if isinstance(references, list) else [references]:
+                if isinstance(reference, str) and "--" not in reference and "." in reference:
+                    modules.add(reference.rsplit(".", 1)[0] + ".py")
+    return modules
+
+
+def _pickled_tokens(path: str) -> list[str] | None:
+    """The `*_token` fields that hold a value in `training_args.bin` (a `torch.save` of the training arguments), read
+    from the pickle's opcodes without unpickling it; None when the file is not such a zip archive with one pickle."""
+    import pickletools
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            [pickle] = [name for name in archive.namelist() if name.rsplit("/", 1)[-1] == "data.pkl"]
+            ops = [(op.name, arg) for op, arg, _ in pickletools.genops(archive.read(pickle))]
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+    memo = ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE")
+    found = []
+    for index, (op, arg) in enumerate(ops):
+        if "UNICODE" in op and isinstance(arg, str) and arg.endswith("_token"):  # a field name, then its value
+            value = next((name for name, _ in ops[index + 1:] if name not in memo), None)
+            if value != "NONE":
+                found.append(arg)
+    return found
+
+
+def _push_plan(run_dir: str, repo_id: str, files: list[tuple[str, str]], shards: list[str],
+               dataset_repo_id: str | None, run_info: dict[str, Any], eval_results: list[dict[str, Any]], method,
+               push_eval_tasks: bool, skipped: list[tuple[str, str]]) -> dict[str, Any]:
+    """What `push_run` would upload to each repo (`dry_run`), found without any network call: the model repo's files
+    (the card as rendered now; the push merges it with the one on the Hub), the trajectory dataset and the benchmark
+    datasets, made by the push (`size` None). A repo id without namespace stays so (the token's user is unknown)."""
+    namespace = repo_id.split("/")[0] if "/" in repo_id else "<your user>"
+    benchmark_repos = _benchmark_repos(run_dir, eval_results, namespace) if push_eval_tasks else {}
+    benchmarks = {name: repo for name, (repo, _) in benchmark_repos.items()}
+    dataset_repo_id = (dataset_repo_id or f"{repo_id}-trajectories") if shards else None
+    card = render_model_card(run_dir, repo_id, dataset_repo_id=dataset_repo_id, run_info=run_info,
+                             eval_results=eval_results, method=method, benchmarks=benchmarks)
+    model = [{"path": path_in_repo, "size": os.path.getsize(path), "source": path} for path_in_repo, path in files]
+    model.append({"path": "README.md", "size": len(str(card).encode()), "source": "the model card, rendered"})
+    for name, entries in eval_result_files(eval_results, f"{constants.ENDPOINT}/{repo_id}", benchmarks).items():
+        model.append({"path": f".eval_results/{name}.yaml", "size": len(entries.encode()),
+                      "source": f"the scores of evaluation {name}"})
+    dataset = None
+    if shards:
+        size = sum(os.path.getsize(shard) for shard in shards)
+        dataset = {"repo_id": dataset_repo_id, "files": [
+            {"path": "data/train-*.parquet", "size": None,
+             "source": f"{len(shards)} trajectory shard(s) of {os.path.join(run_dir, TRAJECTORIES_DIR)} ({size} bytes)"},
+            {"path": "sft/train-*.parquet", "size": None, "source": "the valid steps of successful episodes, if any"},
+            {"path": "README.md", "size": None, "source": "the dataset card"},
+        ]}
+    return {
+        "model": {"repo_id": repo_id, "files": model},
+        "dataset": dataset,
+        "benchmarks": [{"repo_id": repo, "files": [
+            {"path": "data/test-*.parquet", "size": None,
+             "source": f"the {result.get('num_tasks')} tasks of {result.get('env')}'s {result.get('split')!r} split"},
+            {"path": "eval.yaml", "size": None, "source": "the benchmark's description"},
+            {"path": "README.md", "size": None, "source": "the dataset card"},
+        ]} for repo, result in benchmark_repos.values()],
+        "skipped": skipped,
+    }
 
 
 def _push_trajectories(api, shards: list[str], dataset_repo_id: str, model_repo_id: str, run_info: dict[str, Any],

@@ -37,9 +37,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,7 +54,8 @@ from .envs import get_env_class
 from .evaluation import evaluate_policy, to_eval_result, write_eval_result
 from .fileio import atomic_write
 from .trainers import get_method
-from .checkpoints import resolve_checkpoint
+from .checkpoints import finished_message, resolve_checkpoint
+from .runlock import hold_output_dir
 from .trainers.agent_grpo_config import as_dict
 
 logger = logging.getLogger(__name__)
@@ -169,7 +172,16 @@ class RunArguments:
 
 
 def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
-    """Run the whole job (see the module docstring) and return the results written to `eval_results.json`."""
+    """Run the whole job (see the module docstring) and return the results written to `eval_results.json`.
+
+    `output_dir` is locked from the moment it is created to the end of the job, evaluations included
+    (`runlock.hold_output_dir`): a second run into it is refused with one line. Resuming a checkpoint that already
+    reached the end of training says so in one line and changes nothing (it returns the run's recorded results)."""
+    with contextlib.ExitStack() as job:
+        return _run_training(run, config, model_args, job)
+
+
+def _run_training(run: RunArguments, config, model_args, job: contextlib.ExitStack) -> dict[str, Any]:
     from transformers import set_seed
 
     started = time.monotonic()
@@ -195,9 +207,19 @@ def run_training(run: RunArguments, config, model_args) -> dict[str, Any]:
     # at the checkpoint's step: no second warm start (the checkpoint holds the weights), the first evaluation is the
     # one the run recorded.
     checkpoint = resolve_checkpoint(config.resume_from_checkpoint, config.output_dir)
+    if checkpoint is not None and (done := finished_message(checkpoint, config)) is not None:
+        if config.process_index == 0:
+            print(f"[trl-agents] {done}")
+        recorded = os.path.join(config.output_dir, "eval_results.json")
+        if not os.path.isfile(recorded):
+            return {}
+        with open(recorded) as handle:
+            return json.load(handle)
     train_tasks, eval_tasks = _tasks(run, config, env_cls)
     peft_config, quantization = _peft_config(model_args), _quantization_config(model_args)
     os.makedirs(config.output_dir, exist_ok=True)  # (only once the settings are known to be good)
+    job.enter_context(hold_output_dir(config.output_dir, main_process=config.process_index == 0,
+                                      distributed=config.world_size > 1))
     model, tokenizer, model_ref = _load_model(run, config, model_args, quantization)
 
     results: dict[str, Any] = {"method": run.method, "env": config.env_name, "seed": config.seed}
@@ -307,6 +329,8 @@ class _EvaluationAtTheEnd(TrainerCallback):
         self.seconds = 0.0
 
     def on_train_end(self, args, state, control, **kwargs):
+        if getattr(self.trainer, "stopped_by_signal", None):  # stopped early (preempted): no time for it, no result
+            return
         started = time.monotonic()
         self.result = self.evaluate(self.trainer.model)
         self.seconds = time.monotonic() - started
@@ -397,8 +421,9 @@ def _load_model(run: RunArguments, config, model_args, quantization=None):
             return model, tokenizer, path
     if not name:
         raise ValueError("Set `model_name_or_path` (a Hub model id or a local path), or `tiny_model: true`.")
-    tokenizer = load_tokenizer(name, revision=model_args.model_revision, padding_side="left",
-                               trust_remote_code=config.trust_remote_code)
+    with _loading(name):
+        tokenizer = load_tokenizer(name, revision=model_args.model_revision, padding_side="left",
+                                   trust_remote_code=config.trust_remote_code)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
             f"The tokenizer of {name!r} has no chat template, and trl-agents renders every turn as a chat. Use an "
@@ -414,9 +439,39 @@ def _load_model(run: RunArguments, config, model_args, quantization=None):
         init_kwargs["device_map"] = get_kbit_device_map()
     config.model_init_kwargs = {**init_kwargs, **(config.model_init_kwargs or {})}  # how the trainer loads it
     model = None
-    if run.warm_start_steps > 0:
-        model = AutoModelForCausalLM.from_pretrained(name, **config.model_init_kwargs, quantization_config=quantization)
+    with _loading(name):
+        if run.warm_start_steps > 0:
+            model = AutoModelForCausalLM.from_pretrained(name, **config.model_init_kwargs,
+                                                         quantization_config=quantization)
+        else:  # the trainer loads the weights: their config now, so that an unreachable model is named here
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(name, revision=model_args.model_revision,
+                                       trust_remote_code=config.trust_remote_code)
     return model, tokenizer, name
+
+
+@contextlib.contextmanager
+def _loading(name: str):
+    """Turn a model or tokenizer that cannot be loaded (a Hub id offline, private, gated or misspelled; a missing
+    folder) into a one-line ValueError naming `model_name_or_path`, the cause and the fix, instead of transformers'
+    tracebacks."""
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        yield
+    except (OSError, HFValidationError) as err:
+        hub_id = re.fullmatch(r"[\w-][\w.-]*(/[\w.-]+)?", name) is not None
+        if not hub_id and not os.path.exists(os.path.expanduser(name)):
+            raise ValueError(f"model_name_or_path {name!r}: no such folder (pass a local model folder or a Hub model "
+                             "id)") from None
+        cause = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        offline = " or unset HF_HUB_OFFLINE to download it" if os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+            "1", "true", "yes", "on") else ""
+        raise ValueError(
+            f"model_name_or_path {name!r}: cannot load it ({cause}). Check the Hub id or local path; for a private "
+            f"or gated model run `hf auth login` (or set HF_TOKEN){offline}."
+        ) from None
 
 
 def _peft_config(model_args):

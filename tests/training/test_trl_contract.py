@@ -8,7 +8,9 @@ arguments and its (log-probs, entropies, auxiliary loss) return value; it is als
 to reuse the policy log-probs of TRL's loss in an auxiliary loss), and reads or writes these private attributes: `_tokenizer`, `_metrics`, `_logs`, `_step`,
 `_buffered_inputs`, `_dist`, `_last_loaded_step`, `_created_lr_scheduler` (`install_lr_scheduler`, for IB-RL's
 per-role schedules), plus the class attributes `_tag_names`, `_name` and `_paper` (model cards). IB-RL overrides
-TRL's public `compute_loss`, `create_optimizer` and `create_scheduler`: pinned at the end.
+TRL's public `compute_loss`, `create_optimizer` and `create_scheduler`: pinned at the end. Resuming and stopping
+(`train()`, `checkpoints.py`, `callbacks/preemption.py`) override nothing private but rely on the order of
+transformers' checkpoint writes and loads and of its callback events: pinned last.
 Each is pinned here, with the reason. When a TRL upgrade changes any of this, a test
 here fails and names what to revisit (docs/concepts/trl_internals.md).
 """
@@ -60,8 +62,10 @@ def test_the_hub_pushes_we_replace_keep_their_contract(trainer):
     from transformers import Trainer
     from transformers.utils.hub import PushInProgress
 
-    assert list(inspect.signature(Trainer.push_to_hub).parameters) == [
-        "self", "commit_message", "blocking", "token", "revision", "kwargs"]
+    # (transformers >= 5.18 adds `private` before **kwargs; ours takes it too)
+    theirs = inspect.signature(Trainer.push_to_hub).parameters
+    assert list(theirs)[:5] == ["self", "commit_message", "blocking", "token", "revision"]
+    assert set(theirs) - {"private", "kwargs"} <= set(inspect.signature(AgentGRPOTrainer.push_to_hub).parameters)
     assert "_internal_call" in inspect.signature(Trainer.save_model).parameters
     assert callable(trainer._finish_current_push) and getattr(trainer, "push_in_progress", None) is None
     assert "self.push_in_progress = None" in inspect.getsource(Trainer.init_hf_repo)  # set when pushes start
@@ -275,3 +279,66 @@ def test_the_trainer_builds_optimizer_then_scheduler_once_each_and_resets_a_crea
 def test_the_paper_trl_cites_is_a_class_attribute_with_id_and_citation():
     # AgentGRPOTrainer.card_metadata reads `_paper` (model cards cite TRL's citation when the paper ids match).
     assert {"id", "citation"} <= set(GRPOTrainer._paper) and GRPOTrainer._paper["id"] == "2402.03300"
+
+
+# ---- what resuming and stopping rely on (train(), checkpoints.py, callbacks/preemption.py) ------------------------
+
+
+def test_a_checkpoint_is_complete_once_its_trainer_state_is_written():
+    # checkpoints.incomplete_reason: `_save_checkpoint` writes the model, then optimizer, scheduler, scaler and RNG
+    # state, and trainer_state.json last; a save cut short leaves a folder without it.
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._save_checkpoint)
+    order = [source.index(step) for step in ("self.save_model(", "self._save_optimizer_and_scheduler(",
+                                              "self._save_rng_state(", "self.state.save_to_json(")]
+    assert order == sorted(order)
+
+
+def test_on_train_begin_comes_after_the_checkpoint_loads_except_the_rng_state():
+    # ResumeBookkeeping moves the later trajectory shards aside at on_train_begin: the model (train()), the trainer
+    # state and the optimizer/scheduler (_init_training_state, _prepare_for_training) are loaded by then; the RNG
+    # state loads after it, before the first on_step_begin (a failure there puts the shards back).
+    from transformers import Trainer
+
+    train = inspect.getsource(Trainer.train)
+    assert train.index("self._load_from_checkpoint(") < train.index("inner_training_loop(")
+    loop = inspect.getsource(Trainer._inner_training_loop)
+    order = [loop.index(step) for step in ("self._init_training_state(", "self._prepare_for_training(",
+                                           "on_train_begin(", "self._run_epoch(")]
+    assert order == sorted(order)
+    assert "self._load_optimizer_and_scheduler(" in inspect.getsource(Trainer._prepare_for_training)
+    epoch = inspect.getsource(Trainer._run_epoch)
+    assert epoch.index("self._load_rng_state(") < epoch.index("on_step_begin(")
+
+
+def test_a_save_asked_for_at_a_step_end_is_made_then_on_save_runs():
+    # StopOnSignal sets control.should_save (whatever save_strategy is, "no" included) and should_training_stop at
+    # on_step_end; the save follows, then on_save (where a signal that came during the save stops the run).
+    from transformers import Trainer
+
+    epoch = inspect.getsource(Trainer._run_epoch)
+    assert epoch.index("on_step_end(") < epoch.index("self._maybe_log_save_evaluate(")
+    assert "should_training_stop" in epoch
+    save = inspect.getsource(Trainer._maybe_log_save_evaluate)
+    assert "if self.control.should_save:" in save
+    assert save.index("self._save_checkpoint(") < save.index("on_save(")
+
+
+def test_transformers_jit_checkpoint_sets_its_handler_at_init_and_restores_it_at_train_end():
+    # StopOnSignal replaces that handler while train() runs and leaves alone a handler set meanwhile (the JIT
+    # callback's on_train_end restores the one from before the trainer was built).
+    from transformers.trainer_jit_checkpoint import CheckpointManager, JITCheckpointCallback
+
+    assert "signal.signal(signal.SIGTERM" in inspect.getsource(CheckpointManager.setup_signal_handler)
+    assert "signal.signal(signal.SIGTERM" in inspect.getsource(JITCheckpointCallback.on_train_end)
+
+
+def test_what_resume_errors_use_exists():
+    # find_corrupt_file loads rng_state.pth as transformers does (numpy types allowed); a failed train() closes the
+    # progress bar that ProgressCallback keeps in `training_bar`.
+    from transformers.trainer_callback import ProgressCallback
+    from transformers.trainer_pt_utils import safe_globals
+
+    assert callable(safe_globals)
+    assert "self.training_bar = None" in inspect.getsource(ProgressCallback.__init__)

@@ -42,7 +42,8 @@ def compact_line(state: Any, logs: dict[str, Any]) -> str | None:
     if own and all(key.startswith(TRACKER_ONLY) for key in own):
         return None
     if "train_runtime" in logs:
-        return f"done: {state.global_step} steps in {logs['train_runtime']:.0f} s"
+        ended = "stopped" if getattr(state, "max_steps", 0) and state.global_step < state.max_steps else "done"
+        return f"{ended}: {state.global_step} steps in {logs['train_runtime']:.0f} s"  # stopped: early (a signal, ...)
     prefix = "eval_" if any(key.startswith("eval_") for key in logs) else ""
     parts = [f"{'eval at ' if prefix else ''}step {state.global_step}/{state.max_steps}"]
     for label, keys, form in FIELDS:

@@ -45,13 +45,14 @@ from ..signals import EnvSignal, SignalError, Transition, get_signal
 from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory, task_id
 from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
-from .prompts import PromptRenderer
+from .prompts import PromptRenderer, PromptTooLongError
 from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
 from .topologies.base import SUPERVISION, Hold, Stop
 
 logger = logging.getLogger(__name__)
 
 ROW_FORMATS = ("step", "conversation")
+_TOO_LONG_WARNED: set[int | None] = set()  # the prompt bounds whose failed episodes were explained (once each)
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,9 @@ class RolloutEngine:
                     episode.context_ids = self.renderer.conversation_prompt_ids(
                         episode.system, episode.trajectory.task_text, episode.observation
                     )
-                except Exception as err:  # noqa: BLE001 — e.g. a first observation longer than the prompt budget
+                except PromptTooLongError as err:  # a first observation longer than the prompt budget
+                    self._fail_too_long(episode, err)
+                except Exception as err:  # noqa: BLE001
                     self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
 
     def _fork(self, forked: list[tuple[_Episode, _Episode, Fork]], plan: _SignalPlan) -> None:
@@ -398,7 +401,10 @@ class RolloutEngine:
             try:
                 prompt_ids, prompt_parts = self._prompt(episode)
                 sampling_ids = self._hinted_prompt(episode) if episode.hint is not None else prompt_ids
-            except ValueError as err:  # a step prompt longer than max_prompt_length even without history
+            except PromptTooLongError as err:  # a step prompt longer than max_prompt_length even without history
+                self._fail_too_long(episode, err)
+                continue
+            except ValueError as err:
                 self._fail(episode, str(err))
                 continue
             if limit is not None and len(prompt_ids) > limit:  # a conversation outgrew its context: truncate it
@@ -533,6 +539,16 @@ class RolloutEngine:
                 self._fail(episode, error)
             elif episode.trajectory.steps:
                 episode.trajectory.steps[-1].signals.update(values)
+
+    def _fail_too_long(self, episode: _Episode, err: PromptTooLongError) -> None:
+        """Fail an episode whose prompt does not fit in `max_prompt_length`; the first time in this process for this
+        bound, also say in a warning what it is and how to change it (the episodes' own warnings then follow)."""
+        limit = self.renderer.max_prompt_length
+        if limit not in _TOO_LONG_WARNED:
+            _TOO_LONG_WARNED.add(limit)
+            logger.warning("Episodes whose prompt does not fit in max_prompt_length are failed (recorded with their "
+                           "error, not trained on); the first: %s", err)
+        self._fail(episode, str(err))
 
     def _fail(self, episode: _Episode, message: str) -> None:
         trajectory = episode.trajectory

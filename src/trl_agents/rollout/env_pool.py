@@ -136,8 +136,9 @@ class EnvPool:
             when recorded) may take; None = no limit. Also bounds single calls forwarded to `process`/`ray` workers.
         reset_timeout: Seconds one episode's reset (with its instructions, task description and solver value) may
             take; None = no limit.
-        ray_address: Address of the Ray cluster (`"auto"`, `"ray://host:10001"`); None starts a local instance
-            unless Ray is already initialised. Ray backend only.
+        ray_address: Address of the Ray cluster (`"auto"`, `"ray://host:10001"`); None starts a local instance,
+            listening on 127.0.0.1 only, unless Ray is already initialised or `RAY_ADDRESS` names a cluster. Ray
+            backend only.
         ray_actor_options: `.options(...)` of the environment actors (default `{"scheduling_strategy": "SPREAD"}`,
             which spreads them over the cluster's nodes); e.g. `{"num_cpus": 1}` to reserve a CPU per environment.
         start_timeout: Seconds a `process`/`ray` worker may take to start and build its environment.
@@ -279,9 +280,38 @@ class EnvPool:
     def _init_ray(self) -> None:
         import ray
 
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            return
+        if self.ray_address not in (None, "local") or os.environ.get("RAY_ADDRESS"):  # a cluster the user named
             ray.init(address=self.ray_address, include_dashboard=False)
-            self._started_ray = True
+        else:
+            _init_loopback_ray(ray)
+        self._started_ray = True
+
+
+def _init_loopback_ray(ray) -> None:
+    """Start a local Ray instance whose processes (GCS, raylet, workers, actors, agents) listen on 127.0.0.1 only.
+
+    Ray binds its servers to loopback only when the node's IP is 127.0.0.1, but on Linux it replaces a loopback
+    `_node_ip_address` with the machine's routable address (`resolve_ip_for_localhost`) unless its "no clusters"
+    mode is on (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, the default on macOS and Windows): turned on for this start
+    only, in this process and in the processes it starts. Nothing else on the machine or the network can reach it.
+    """
+    from ray._private import ray_constants
+
+    variable = getattr(ray_constants, "ENABLE_RAY_CLUSTERS_ENV_VAR", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    saved_flag, saved_env = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None), os.environ.get(variable)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[variable] = "0"
+    try:
+        ray.init(address=None, include_dashboard=False, _node_ip_address="127.0.0.1")
+    finally:
+        if saved_flag is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved_env
 
 
 def _warn_hung(kind: str, names: list[str], seconds: float) -> None:

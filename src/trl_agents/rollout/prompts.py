@@ -30,7 +30,58 @@ from typing import Any
 
 
 class PromptTooLongError(ValueError):
-    """A prompt does not fit in `max_prompt_length` even with no history."""
+    """A prompt does not fit in `max_prompt_length` even with no history (step format), or the first prompt of a
+    conversation does not fit in it."""
+
+
+def model_context_length(model: Any) -> int | None:
+    """The longest sequence `model` was built for: its (text) config's `max_position_embeddings` (or `n_positions`
+    / `max_sequence_length` / `seq_length`), None when it has none. Wrappers (PEFT, DDP) are looked through."""
+    config = getattr(model, "config", None)
+    if config is None and getattr(model, "module", None) is not None:
+        config = getattr(model.module, "config", None)
+    if config is None:
+        return None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def prompt_length_limit(max_prompt_length: int | None, model: Any, max_completion_length: int | None
+                        ) -> tuple[int | None, str]:
+    """(the longest prompt of a run in tokens, where that bound comes from, for messages).
+
+    `max_prompt_length` when it is set. Otherwise our default: the model's context length
+    (`model_context_length`, i.e. `config.max_position_embeddings`) minus `max_completion_length`, so that a prompt
+    and the turn generated after it fit in the context the model was built for; without it, one huge observation
+    (say 1 MB of text, 500k tokens) reached generation whole and the run grew past the machine's memory. None (no
+    limit) only when the model's context length is unknown (e.g. an evaluation through a vLLM server).
+
+    Example:
+        >>> from trl_agents.testing import build_tiny_model, build_tiny_tokenizer
+        >>> model = build_tiny_model(build_tiny_tokenizer(["a b"]), hidden_size=32, num_layers=1)
+        >>> prompt_length_limit(None, model, 4)
+        (4092, "the default: the model's context of 4096 tokens (max_position_embeddings) minus max_completion_length=4")
+        >>> prompt_length_limit(512, model, 4)
+        (512, '')
+    """
+    if max_prompt_length is not None:
+        return max_prompt_length, ""
+    context = model_context_length(model)
+    if context is None:
+        return None, ""
+    completion = max_completion_length or 0
+    if completion >= context:
+        raise ValueError(
+            f"max_completion_length={completion} leaves no room for a prompt in the model's context of {context} "
+            "tokens (max_position_embeddings): lower max_completion_length, or set max_prompt_length."
+        )
+    return context - completion, (f"the default: the model's context of {context} tokens (max_position_embeddings) "
+                                  f"minus max_completion_length={completion}")
 
 
 class PromptRenderer:
@@ -39,8 +90,12 @@ class PromptRenderer:
     Args:
         tokenizer: A tokenizer with a chat template.
         history_length: Number of past (observation, action) pairs shown in step-format prompts.
-        max_prompt_length: Longest prompt in tokens; step-format prompts drop their oldest history entries to fit.
+        max_prompt_length: Longest prompt in tokens; step-format prompts drop their oldest history entries to fit,
+            and a prompt that does not fit even without history (or the first prompt of a conversation that does
+            not fit) raises `PromptTooLongError`, which fails that episode only. None = no limit (see
+            `prompt_length_limit` for the default a trainer or an evaluation sets).
         chat_template_kwargs: Extra keyword arguments for `apply_chat_template` (e.g. `enable_thinking=False`).
+        max_prompt_length_origin: Where `max_prompt_length` comes from, named in the error (e.g. "the default: ...").
     """
 
     def __init__(
@@ -49,6 +104,7 @@ class PromptRenderer:
         history_length: int = 2,
         max_prompt_length: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        max_prompt_length_origin: str = "",
     ):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
@@ -58,6 +114,7 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self.history_length = history_length
         self.max_prompt_length = max_prompt_length
+        self.max_prompt_length_origin = max_prompt_length_origin
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._env_turn_cache: dict[str, list[int]] = {}
 
@@ -105,12 +162,17 @@ class PromptRenderer:
             if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
                 return ids, recent
             if keep == 0:
-                raise PromptTooLongError(
-                    f"The prompt of this turn has {len(ids)} tokens without any history, more than "
-                    f"max_prompt_length={self.max_prompt_length}. Raise `max_prompt_length` or shorten the "
-                    "environment's observations / system prompt."
-                )
+                raise self.too_long(f"The prompt of this turn has {len(ids)} tokens without any history")
             keep -= 1
+
+    def too_long(self, what: str) -> PromptTooLongError:
+        """The error for a prompt over `max_prompt_length`: `what` (its length), the bound and where it comes from,
+        and the fix."""
+        origin = f" ({self.max_prompt_length_origin})" if self.max_prompt_length_origin else ""
+        return PromptTooLongError(
+            f"{what}, more than max_prompt_length={self.max_prompt_length}{origin}. Raise `max_prompt_length` or "
+            "shorten the environment's observations / system prompt."
+        )
 
     # ---- conversation format -------------------------------------------------------------------------------------
 
@@ -120,10 +182,14 @@ class PromptRenderer:
         return f"{task}\n{observation}" if task else observation
 
     def conversation_prompt_ids(self, system: str, task: str, observation: str) -> list[int]:
-        """Token ids of the first turn of a conversation (system + task + first observation)."""
+        """Token ids of the first turn of a conversation (system + task + first observation); `PromptTooLongError`
+        when they do not fit in `max_prompt_length`."""
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": self.conversation_user_message(task, observation)})
-        return self._apply(messages, tokenize=True)
+        ids = self._apply(messages, tokenize=True)
+        if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
+            raise self.too_long(f"The first prompt of this conversation has {len(ids)} tokens")
+        return ids
 
     def messages_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a chat ending with a generation prompt (no length limit), e.g. a privileged view."""
@@ -148,7 +214,7 @@ class PromptRenderer:
                 "so conversation rows cannot be built by appending tokens. Use row_format='step'."
             )
         suffix = full[len(prefix) :]
-        if len(self._env_turn_cache) < 4096:
+        if len(self._env_turn_cache) < 4096 and len(observation) <= 4096:  # (huge observations are not kept)
             self._env_turn_cache[observation] = suffix
         return list(suffix)
 

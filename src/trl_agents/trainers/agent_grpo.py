@@ -35,6 +35,7 @@ import functools
 import inspect
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -42,17 +43,28 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from huggingface_hub import ModelCard
-from transformers import TrainerState
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import shuffle_sequence_dict
 
-from ..checkpoints import load_rollout_totals, resolve_checkpoint, save_agent_config, save_rollout_totals
+from ..checkpoints import (
+    DiskFullError,
+    checkpoint_step,
+    find_corrupt_file,
+    finished_message,
+    incomplete_reason,
+    is_disk_full,
+    load_rollout_totals,
+    resolve_checkpoint,
+    save_agent_config,
+    save_rollout_totals,
+)
 from ..credit import get_estimator
-from ..records import TRAJECTORIES_DIR, TrajectoryWriter, build_run_info, supersede_shards, write_run_info
+from ..records import TRAJECTORIES_DIR, TrajectoryWriter, build_run_info, write_run_info
 from ..rollout import EnvPool, PromptRenderer, RolloutEngine, RolloutProgress, SamplingParams, TransformersGenerator
 from ..rollout.generators import Generator
+from ..rollout.prompts import prompt_length_limit
 from ..rollout.topologies import IndependentTopology, Topology, get_topology
 from ..rollout.vllm import VLLMGenerator
 from ..signals import ModelSignal, ModelSignalContext
@@ -211,9 +223,12 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         super().__init__(model=model, reward_funcs=[environment_return], args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config, quantization_config=quantization_config)
+        # The prompt bound: `max_prompt_length`, else the model's context minus `max_completion_length` (our choice).
+        prompt_limit, prompt_limit_origin = prompt_length_limit(args.max_prompt_length, self.model,
+                                                                args.max_completion_length)
         self.renderer = PromptRenderer(self._tokenizer, history_length=args.history_length,
-                                       max_prompt_length=args.max_prompt_length,
-                                       chat_template_kwargs=self.chat_template_kwargs)
+                                       max_prompt_length=prompt_limit, chat_template_kwargs=self.chat_template_kwargs,
+                                       max_prompt_length_origin=prompt_limit_origin)
         if generator is None and args.use_vllm:
             generator = VLLMGenerator(self.vllm_generation, eos_token_ids=self.eos_token_ids)
         self.generator = generator or TransformersGenerator(
@@ -590,27 +605,96 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         return loss
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train` after writing `run_info.json` and, when resuming (a path, or True for the last checkpoint),
-        `load_extra_state` and moving aside the trajectory shards after the checkpoint (they are generated again);
-        the environments' workers are stopped at the end, even when training fails."""
+        """`Trainer.train`, made safe to stop and to resume:
+
+        * `output_dir` is locked while it runs (`runlock.hold_output_dir`): a second run into it is refused;
+        * resuming (a path, or True for the last complete checkpoint: `resolve_checkpoint`) checks the checkpoint's
+          files first (one line naming a broken one); a checkpoint already at the end of training is a one-line
+          ValueError (nothing to do, nothing changed); `load_extra_state` runs, and the trajectory shards after the
+          checkpoint are moved aside (they are generated again) once the checkpoint has loaded, and put back when the
+          resume fails before its first rollout is recorded (`callbacks.preemption.ResumeBookkeeping`);
+        * SIGTERM lets the current step finish, saves a checkpoint and ends with `TrainingStopped`, a SystemExit
+          (`callbacks.preemption.StopOnSignal`);
+        * a full disk is a one-line `DiskFullError` naming the folder (an incomplete checkpoint it left is removed), and
+          a checkpoint file that fails to load a `CheckpointError` naming it;
+        * `run_info.json` is written first; the environments' workers are stopped at the end, even when training
+          fails."""
+        import sys
+        from signal import Signals
+
         from accelerate.utils import broadcast_object_list
 
+        from ..callbacks.preemption import ResumeBookkeeping, StopOnSignal, TrainingStopped
+        from ..runlock import hold_output_dir
+
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        if checkpoint is not None:
-            self.rollout_totals.update(load_rollout_totals(checkpoint))
-            self.load_extra_state(checkpoint)
-        if self.is_world_process_zero():
-            if checkpoint is not None and self.args.save_trajectories:
-                # Rollouts after the checkpoint are generated again: their earlier shards would repeat those steps.
-                step = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json")).global_step
-                supersede_shards(os.path.join(self.args.output_dir, TRAJECTORIES_DIR), step)
-            info = write_run_info(self)
-        self.run_info = broadcast_object_list([info if self.is_world_process_zero() else None])[0]
-        self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
-        try:
-            return super().train(checkpoint, *args, **kwargs)
-        finally:
-            self.env_pool.close()
+        if checkpoint is not None and (done := finished_message(checkpoint, self.args)) is not None:
+            raise ValueError(done)
+        main = self.is_world_process_zero()
+        with hold_output_dir(self.args.output_dir, main_process=main, distributed=self.accelerator.num_processes > 1):
+            if checkpoint is not None:
+                self.rollout_totals.update(load_rollout_totals(checkpoint))
+                self.load_extra_state(checkpoint)
+            self.run_info = broadcast_object_list([write_run_info(self) if main else None])[0]
+            self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
+            self.stopped_by_signal = None
+            stop = StopOnSignal(self)
+            resume = ResumeBookkeeping(os.path.join(self.args.output_dir, TRAJECTORIES_DIR),
+                                       None if checkpoint is None else checkpoint_step(checkpoint), main)
+            self.add_callback(stop)
+            self.add_callback(resume)  # (after `stop`, which may ask for a save at a step's end)
+            stop.install()
+            try:
+                output = super().train(checkpoint, *args, **kwargs)
+            except BaseException as err:  # (Ctrl-C included: the shards go back too)
+                if self._trajectory_writer is None:  # the resume did not start: its shards go back
+                    resume.restore()
+                for callback in self.callback_handler.callbacks:  # (else the bar prints after the error's line)
+                    if getattr(callback, "training_bar", None) is not None:
+                        callback.training_bar.close()
+                        callback.training_bar = None
+                translated = self._translated_error(err, checkpoint, resume.started) if isinstance(
+                    err, Exception) else None
+                if translated is None:
+                    raise
+                raise translated from err
+            finally:
+                stop.uninstall()
+                self.remove_callback(stop)
+                self.remove_callback(resume)
+                self.env_pool.close()
+        if stop.stopped_at is not None:
+            saved = os.path.join(self.args.output_dir, f"checkpoint-{stop.stopped_at}")
+            message = (f"stopped by {self.stopped_by_signal} at step {stop.stopped_at} of {self.state.max_steps}: "
+                       f"saved {saved}; resume with --resume_from_checkpoint true")
+            if main:
+                print(f"[trl-agents] {message}", file=sys.stderr, flush=True)
+            raise TrainingStopped(message, stop.received, stop.stopped_at, saved)
+        if stop.received is not None:
+            logger.warning("%s came after the last step: training is complete, its final outputs follow.",
+                           Signals(stop.received).name)
+        return output
+
+    def _translated_error(self, err: Exception, checkpoint: str | None, started: bool) -> Exception | None:
+        """The one-line error for `err`, raised by `Trainer.train`: a full disk (`DiskFullError`, naming the folder;
+        the incomplete checkpoint it left is removed), or, when a resume failed before its first step, the
+        checkpoint file that does not load (`CheckpointError`); None for anything else (raised as it is)."""
+        output_dir = self.args.output_dir
+        if is_disk_full(err, output_dir):
+            folder = os.path.join(output_dir, f"checkpoint-{self.state.global_step}")
+            what = "the run's files"
+            if os.path.isdir(folder) and incomplete_reason(folder) is not None:
+                what = f"{folder} (removed: it was incomplete)"
+                if self.is_world_process_zero():
+                    shutil.rmtree(folder, ignore_errors=True)
+            return DiskFullError(
+                f"the disk holding output_dir {output_dir!r} is full (no space left on device) while writing {what}: "
+                "free space there or pass an --output_dir on a larger disk, then resume with --resume_from_checkpoint "
+                "true"
+            )
+        if checkpoint is not None and not started:
+            return find_corrupt_file(checkpoint)
+        return None
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
@@ -629,13 +713,14 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         card.save(path)
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
-                    token: str | None = None, revision: str | None = None, **kwargs):
+                    token: str | None = None, revision: str | None = None, private: bool | None = None, **kwargs):
         """Publish `output_dir` as `trl-agents push` does (`trl_agents.hub.push_run`), instead of uploading the whole
         folder: the model or adapter, the card with the eval results found in `output_dir/eval/`, the trajectories as
         the dataset `{hub_model_id}-trajectories`, never the side folders (`warm-start/`, `base-model/`,
         `trajectories/`). Called by `save_model` when `push_to_hub=True` (`trl-agents train` calls it once its
-        evaluations are written). Blocking (`blocking` is accepted for `Trainer`'s signature); returns the commit URL
-        on the main process, None on the others."""
+        evaluations are written). Blocking (`blocking` is accepted for `Trainer`'s signature); `private` (transformers
+        >= 5.18's argument) overrides `hub_private_repo` for a new repo. Returns the commit URL on the main process,
+        None on the others."""
         from ..hub import DEFAULT_COMMIT_MESSAGE, push_run
 
         token = token if token is not None else self.args.hub_token
@@ -645,7 +730,8 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         if not self.is_world_process_zero():
             return None
         self._finish_current_push()  # a checkpoint push still uploading
-        urls = push_run(self.args.output_dir, self.hub_model_id, token=token, private=bool(self.args.hub_private_repo),
+        private = bool(self.args.hub_private_repo if private is None else private)
+        urls = push_run(self.args.output_dir, self.hub_model_id, token=token, private=private,
                         push_trajectories=self.args.save_trajectories, revision=revision or self.args.hub_revision,
                         commit_message=commit_message or DEFAULT_COMMIT_MESSAGE)
         return urls["commit"]
@@ -679,8 +765,20 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         """Save as `Trainer` does, plus `agent_config.json`: how the agent is prompted (environment, system prompt,
         history window, turn budget), so `trl-agents eval` and `load_agent_config` can run the checkpoint as trained;
         `rollout_totals.json` (what the training rollouts generated so far, for `max_generated_tokens`); and the
-        method's `save_extra_state`."""
-        super()._save(output_dir, state_dict)
+        method's `save_extra_state`. `Trainer._save` pickles the args into `training_args.bin` (of the run and of
+        every checkpoint), so their `*_token` fields (`hub_token`) are None while it runs: no token reaches a file
+        that `trl-agents push` uploads (`TrainingArguments.to_dict` masks the same fields in JSON)."""
+        from dataclasses import fields
+
+        tokens = {field.name: getattr(self.args, field.name) for field in fields(self.args)
+                  if field.name.endswith("_token")}
+        try:
+            for name in tokens:
+                setattr(self.args, name, None)
+            super()._save(output_dir, state_dict)
+        finally:
+            for name, value in tokens.items():
+                setattr(self.args, name, value)
         if self.args.should_save:
             save_agent_config(self.args, output_dir or self.args.output_dir)
             save_rollout_totals(self.rollout_totals, output_dir or self.args.output_dir)

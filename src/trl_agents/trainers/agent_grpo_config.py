@@ -54,8 +54,9 @@ class AgentGRPOConfig(GRPOConfig):
         history_length (`int`, *optional*, defaults to `2`): Past (observation, action) pairs in step prompts.
         row_format (`str`, *optional*, defaults to `"step"`): `"step"` or `"conversation"` (docs/concepts/training_loop.md#rows).
         system_prompt (`str` or `None`, *optional*): Replaces the environment's instructions as system message.
-        max_prompt_length (`int` or `None`, *optional*): Longest prompt; step prompts drop old history to fit,
-            conversations stop there.
+        max_prompt_length (`int` or `None`, *optional*): Longest prompt in tokens; step prompts drop old history to
+            fit, conversations stop there, and an episode whose prompt cannot fit fails. None = the model's context
+            length (`max_position_embeddings`) minus `max_completion_length` (our default).
         invalid_action_penalty (`float`, *optional*, defaults to `0.1`): Subtracted from the credit of steps whose
             action the environment rejected.
         advantage_estimator (`str`, *optional*, defaults to `"grpo"`): `"grpo"` or `"rloo"`.
@@ -113,7 +114,11 @@ class AgentGRPOConfig(GRPOConfig):
     max_prompt_length: int | None = field(
         default=None,
         metadata={"help": "Longest prompt in tokens. Step prompts drop their oldest history entries to fit; a "
-        "conversation that outgrows it ends there (truncated). None = no limit."},
+        "conversation that outgrows it ends there (truncated); an episode whose prompt cannot fit even so (a step "
+        "prompt without history, a conversation's first prompt) fails with an error naming its length and the bound, "
+        "and the run goes on. None = the model's context length (config.max_position_embeddings) minus "
+        "max_completion_length: our default, so that an environment's huge observation never reaches generation "
+        "whole (e.g. 32768 - 256 = 32512 tokens for Qwen2.5-0.5B-Instruct)."},
     )
     invalid_action_penalty: float = field(
         default=0.1,
@@ -188,7 +193,8 @@ class AgentGRPOConfig(GRPOConfig):
     ray_address: str | None = field(
         default=None,
         metadata={"help": "Address of the Ray cluster for env_backend='ray' (e.g. 'auto', 'ray://head:10001'); None "
-        "starts a local Ray instance, unless Ray is already initialised. With several training processes, start one "
+        "starts a local Ray instance listening on 127.0.0.1 only, unless Ray is already initialised or RAY_ADDRESS "
+        "names a cluster. With several training processes, start one "
         "cluster (`ray start --head`) and use 'auto', so that they share it. trl-agents must be installed on every "
         "node."},
     )

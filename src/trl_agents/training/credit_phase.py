@@ -119,10 +119,17 @@ def episode_step_values(batch: RolloutBatch, healthy: list[Group], advantages) -
     }
 
 
+class NothingToTrainError(RuntimeError, ValueError):
+    """`EmptyRollouts.limit` rollouts in a row left nothing to train on. A RuntimeError, and a ValueError too, so
+    that the command line reports it in one line (its message names the episodes' errors and their fix, e.g. a
+    `max_prompt_length` the environment's observations do not fit in) instead of a traceback."""
+
+
 class EmptyRollouts:
     """A training rollout that leaves nothing to train on (every episode failed, or its group was left with too few
     healthy ones) makes a step that updates nothing, with a warning, so that one bad rollout never stops training;
-    `limit` such rollouts in a row mean the environment itself is broken: a RuntimeError names its errors."""
+    `limit` such rollouts in a row mean the environment itself is broken: a `NothingToTrainError` names its
+    errors."""
 
     limit = 3
 
@@ -145,5 +152,5 @@ class EmptyRollouts:
             + ". First errors: " + ("; ".join(errors[:3]) or "none")
         )
         if self.in_a_row >= self.limit:
-            raise RuntimeError(f"{self.in_a_row} rollouts in a row left nothing to train on: {reason}")
+            raise NothingToTrainError(f"{self.in_a_row} rollouts in a row left nothing to train on: {reason}")
         logger.warning("Nothing to train on at step %d (this step updates nothing): %s", step + 1, reason)
