@@ -312,3 +312,17 @@ TINY_RUN = {
     "gradient_checkpointing": False,
     "disable_tqdm": True,
 }
+
+
+def cli_error_line(capsys, argv) -> str:
+    """The one-line error `trl-agents ARGV` exits with (no traceback, no usage dump), asserted as such."""
+    import pytest
+
+    from trl_agents.cli import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    message = str(raised.value.code) if isinstance(raised.value.code, str) else capsys.readouterr().err
+    assert "Traceback" not in message and "usage:" not in message, message
+    assert len(message.strip().splitlines()) == 1, message
+    return message

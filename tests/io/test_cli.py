@@ -8,7 +8,7 @@ import re
 
 import pytest
 import yaml
-from helpers import TINY_RUN
+from helpers import cli_error_line, TINY_RUN
 
 from trl_agents.cli import main, packaged_config
 from trl_agents.evaluation import read_eval_results
@@ -122,12 +122,7 @@ def test_every_env_names_an_existing_readme(capsys):
 
 
 def _error_line(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as raised:
-        main(argv)
-    message = str(raised.value.code) if isinstance(raised.value.code, str) else capsys.readouterr().err
-    assert "Traceback" not in message and "usage:" not in message, message
-    assert len(message.strip().splitlines()) == 1, message
-    return message
+    return cli_error_line(capsys, argv)
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [

@@ -10,17 +10,14 @@ import sys
 
 import pytest
 
+from helpers import cli_error_line
+
 from trl_agents import __version__
 from trl_agents.cli import COMMANDS, main, packaged_configs, resolve_config
 
 
 def _error_line(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as raised:
-        main(argv)
-    message = str(raised.value.code) if isinstance(raised.value.code, str) else capsys.readouterr().err
-    assert "Traceback" not in message and "usage:" not in message, message
-    assert len(message.strip().splitlines()) == 1, message
-    return message
+    return cli_error_line(capsys, argv)
 
 
 @pytest.fixture
