@@ -138,7 +138,7 @@ def warm_start(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from .trainers.agent_grpo_config import cpu_only
+    from .trainers.agent_grpo_config import checkpointing_setting, cpu_only
 
     config = SFTConfig(
         output_dir=output_dir,
@@ -156,7 +156,7 @@ def warm_start(
         bf16=False if cpu_only() else None,
         dataloader_pin_memory=not cpu_only(),
         use_cpu=cpu_only(),
-        gradient_checkpointing=False,
+        **checkpointing_setting(False),
         dataset_num_proc=None,
         disable_tqdm=False,
     )

@@ -342,3 +342,24 @@ def test_what_resume_errors_use_exists():
 
     assert callable(safe_globals)
     assert "self.training_bar = None" in inspect.getsource(ProgressCallback.__init__)
+
+
+def test_checkpointing_is_set_under_either_name_without_a_deprecation_warning(tmp_path):
+    # transformers 5.24 renamed gradient_checkpointing to activation_checkpointing and warns on the old name, which
+    # TRL 1.16 sets by default: every run printed a FutureWarning (and `train`'s one-line errors became three lines).
+    import warnings
+
+    from transformers import TrainingArguments
+
+    from trl_agents.trainers.agent_grpo_config import checkpointing_setting
+
+    has_new_name = "activation_checkpointing" in {f.name for f in TrainingArguments.__dataclass_fields__.values()}
+    for settings, expected in (({}, True), ({"gradient_checkpointing": False}, False),
+                               ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"x": 1}}, True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            config = AgentGRPOConfig(str(tmp_path), report_to="none", **settings)
+        assert config.gradient_checkpointing is expected
+        if has_new_name:
+            assert config.activation_checkpointing is expected
+    assert list(checkpointing_setting(False)) == ["activation_checkpointing" if has_new_name else "gradient_checkpointing"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import typing
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -304,6 +305,7 @@ class AgentGRPOConfig(GRPOConfig):
                 f"multiple of num_generations={self.num_generations}, so that the G episodes of a task run and are "
                 "credited on one process. Adjust per_device_train_batch_size or gradient_accumulation_steps."
             )
+        carry_checkpointing_names(self)
         super().__post_init__()
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(
@@ -374,6 +376,36 @@ def as_dict(value: dict | str | None, name: str) -> dict[str, Any]:
         raise TypeError(f"{name} must be a dict or a JSON object string, got {value!r}")
     return dict(value)
 
+
+
+# transformers 5.24 renamed TrainingArguments' `gradient_checkpointing(_kwargs)` to `activation_checkpointing(_kwargs)`
+# and warns whenever the old name is set. TRL 1.16 sets the old name (True by default) and documents it, and so do our
+# configs, so every run would print a FutureWarning the user can do nothing about.
+CHECKPOINTING_NAMES = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
+# TRL 1.16 reads the renamed model property `is_gradient_checkpointing` on every generation (trl.models.utils):
+# the same warning, about TRL's code, not the user's.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def carry_checkpointing_names(args) -> None:
+    """Copy `gradient_checkpointing(_kwargs)` onto `activation_checkpointing(_kwargs)` where this transformers has the
+    new names and the new one is unset, before `TrainingArguments.__post_init__` resolves the alias (which then keeps
+    the two equal, without a warning). Either name works; the new one wins when both are given."""
+    for old, new in CHECKPOINTING_NAMES:
+        if hasattr(args, new) and getattr(args, new) is None and getattr(args, old) is not None:
+            setattr(args, new, getattr(args, old))
+
+
+def checkpointing_setting(enabled: bool) -> dict[str, bool]:
+    """The keyword that turns activation (gradient) checkpointing on or off under this transformers: for configs built
+    outside `AgentGRPOConfig` (the warm start's `SFTConfig`)."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
 
 
 def cpu_only() -> bool:
