@@ -142,15 +142,31 @@ def save_tiny_model(
 
 
 def env_corpus(env_name: str, num_tasks: int = 64, max_turns: int = 8, seed: int = 0, **env_kwargs) -> list[str]:
-    """Texts an environment shows: instructions and observations of random-action episodes (a tokenizer corpus)."""
+    """Texts an environment shows: instructions and observations of random-action episodes (a tokenizer corpus).
+
+    For an environment with tools (`AgentEnv.tools`), the tool schemas, the task descriptions and the expert's
+    episodes instead (random words are not tool calls), so that the calls a warm start teaches tokenize compactly."""
+    import json
     import random
 
     from .envs import get_env_class, make_env
+    from .envs.base import plan_of
 
     rng = random.Random(seed)
     env = make_env(env_name, **env_kwargs)
     texts = [env.instructions]
     tasks = get_env_class(env_name).task_split("train", num_tasks, **env_kwargs)
+    if env.tools:
+        texts += [json.dumps(tool) for tool in env.tools]
+        for task in tasks:
+            texts += [env.reset(task), env.task_description()]
+            for action in (plan_of(env) or [])[:max_turns]:
+                observation, _, done, _ = env.step(action)
+                texts += [action, observation]
+                if done:
+                    break
+        env.close()
+        return texts
     for task in tasks:
         texts.append(env.reset(task))
         for _ in range(max_turns):

@@ -83,12 +83,15 @@ class PromptParts:
         task: The task text repeated in every prompt (`env.task_description()`, often empty).
         history: The (observation, action) pairs shown, oldest first (step format; empty in conversation format).
         observation: The observation of this turn (conversation format: the first observation of the episode).
+        tools: The JSON schemas of the tools the environment offers (`AgentEnv.tools`), each as JSON text, passed to
+            the chat template as `tools=`; empty for environments without tools.
     """
 
     system: str
     task: str
     history: tuple[tuple[str, str], ...]
     observation: str
+    tools: tuple[str, ...] = ()
 
 
 @dataclass

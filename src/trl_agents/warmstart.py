@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,8 @@ def solver_demonstrations(
         observation = instance.reset(dict(task))
         system = instance.instructions if system_prompt is None else system_prompt
         task_text = instance.task_description()
+        # An environment with tools: SFTTrainer passes the `tools` column to the chat template, as the rollout does.
+        tools = {"tools": json.dumps(list(instance.tools))} if instance.tools else {}
         history: list[tuple[str, str]] = []
         for action in plan_of(instance) or []:
             recent = history[-history_length:] if history_length > 0 else []
@@ -70,6 +73,7 @@ def solver_demonstrations(
                 {
                     "prompt": PromptRenderer.step_messages(system, task_text, recent, observation),
                     "completion": [{"role": "assistant", "content": action}],
+                    **tools,
                 }
             )
             next_observation, _, done, _ = instance.step(action)

@@ -13,6 +13,7 @@ from . import (  # noqa: F401  isort: skip
 from . import telesales  # noqa: F401  isort: skip  (two-role vehicle telesales dialogue, IB-RL's setting)
 from . import prediction  # noqa: F401  isort: skip  (the `predict` wrapper: any env + next-observation predictions)
 from . import parallel  # noqa: F401  isort: skip  (the `parallel` wrapper: K copies of any env, one answer)
+from . import tool_sandbox  # noqa: F401  isort: skip  (shell-tasks and code-tasks: the model's commands in a sandbox)
 from . import adapters  # noqa: F401  isort: skip
 
 __all__ = [

@@ -17,6 +17,7 @@ methods can check them up front (e.g. tree rollouts need `snapshot`, CAST needs 
 | `verify`             | verifier atoms with witness steps and dependency edges (VICT)              |
 | `privileged_context` | text only a teacher sees: hints, skills, the solution (self-distillation)  |
 | `roles`              | two or more agents acting in turn (multi-agent co-training)                |
+| `tools`              | actions are tool calls, whose schemas the chat template shows (`tools=`)   |
 
 Example:
     >>> from trl_agents.envs import make_env
@@ -64,6 +65,11 @@ class AgentEnv(abc.ABC):
         name: Registry name (`make_env(name)`).
         instructions: The rules and action format, shown to the policy as the system message.
         roles: Names of the agents that act in turn; empty for single-agent environments.
+        tools: JSON schemas of the tools the model acts with, in the OpenAI function format TRL and
+            `transformers.utils.get_json_schema` use (`{"type": "function", "function": {"name", "description",
+            "parameters"}}`); empty when actions are plain text. Prompts pass them to the tokenizer's chat template
+            (`tools=`, as TRL does), which shows them and how to call them in the model's own format; `step` parses
+            the calls (e.g. `envs.adapters.trl.parse_tool_calls` for the Qwen/Hermes format).
         task_keys: A task row must hold at least one of these keys (e.g. `("seed", "layout")`); checked when a
             trainer receives its dataset, so a row without a task fails with a clear message up front.
         requires: Python packages (import names) the environment needs beyond trl-agents' own dependencies; they
@@ -82,6 +88,7 @@ class AgentEnv(abc.ABC):
     name: ClassVar[str] = ""
     instructions: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ()
+    tools: ClassVar[tuple[dict[str, Any], ...]] = ()
     task_keys: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[str, ...]] = ()
     thread_safe: ClassVar[bool] = True
@@ -164,10 +171,13 @@ class AgentEnv(abc.ABC):
 
     @classmethod
     def capabilities(cls) -> frozenset[str]:
-        """The optional capabilities this class implements (methods overridden from `AgentEnv`, plus `roles`)."""
+        """The optional capabilities this class implements (methods overridden from `AgentEnv`, plus `roles` and
+        `tools` when it declares them)."""
         found = {m for m in cls._CAPABILITY_METHODS if getattr(cls, m) is not getattr(AgentEnv, m)}
         if cls.roles:
             found.add("roles")
+        if cls.tools:
+            found.add("tools")
         return frozenset(found)
 
     @classmethod

@@ -45,7 +45,7 @@ from ..signals import EnvSignal, SignalError, Transition, get_signal
 from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory, task_id
 from .env_pool import EnvCallError, EnvPool
 from .generators import Generator, SamplingParams
-from .prompts import PromptRenderer, PromptTooLongError
+from .prompts import PromptRenderer, PromptTooLongError, tool_texts
 from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
 from .topologies.base import SUPERVISION, Hold, Stop
 
@@ -82,6 +82,7 @@ class _Episode:
     trajectory: Trajectory
     task_index: int
     system: str = ""
+    tools: tuple[str, ...] = ()  # the environment's tool schemas as JSON text (`AgentEnv.tools`)
     observation: str = ""
     first_observation: str = ""  # what reset returned (checked equal across the episodes of a task)
     history: list[tuple[str, str]] = field(default_factory=list)
@@ -315,13 +316,14 @@ class RolloutEngine:
                 continue
             episode.observation = episode.first_observation = start.observation
             episode.system = start.instructions if self.system_prompt is None else self.system_prompt
+            episode.tools = start.tools
             episode.trajectory.task_text = start.task_text
             episode.state_values = start.state_values
             episode.role = start.role
             if self.row_format == "conversation":
                 try:
                     episode.context_ids = self.renderer.conversation_prompt_ids(
-                        episode.system, episode.trajectory.task_text, episode.observation
+                        episode.system, episode.trajectory.task_text, episode.observation, episode.tools
                     )
                 except PromptTooLongError as err:  # a first observation longer than the prompt budget
                     self._fail_too_long(episode, err)
@@ -356,7 +358,7 @@ class RolloutEngine:
             if isinstance(outcome, BaseException) or outcome.error is not None:
                 self._fail(episode, _failure("restore", outcome))
                 continue
-            episode.system, episode.observation = parent.system, step.observation
+            episode.system, episode.observation, episode.tools = parent.system, step.observation, parent.tools
             episode.history = list(parent.history[: request.step])
             episode.state_values = {n: step.signals[n].before for n in transition_names if n in step.signals}
             episode.role = outcome.role
@@ -387,11 +389,11 @@ class RolloutEngine:
         trajectory = episode.trajectory
         if self.row_format == "conversation":
             first = trajectory.steps[0].prompt_parts if trajectory.steps else None
-            parts = first or PromptParts(episode.system, trajectory.task_text, (), episode.observation)
+            parts = first or PromptParts(episode.system, trajectory.task_text, (), episode.observation, episode.tools)
             return list(episode.context_ids), parts
         ids, kept = self.renderer.step_prompt(episode.system, trajectory.task_text, episode.history,
-                                              episode.observation)
-        return ids, PromptParts(episode.system, trajectory.task_text, tuple(kept), episode.observation)
+                                              episode.observation, episode.tools)
+        return ids, PromptParts(episode.system, trajectory.task_text, tuple(kept), episode.observation, episode.tools)
 
     def _turn(self, active: list[_Episode], plan: _SignalPlan, stats: dict[str, float]) -> None:
         prompts, parts, ready, ended, recorded = [], [], [], [], []
@@ -479,7 +481,8 @@ class RolloutEngine:
         """The step prompt an episode launched with a hint samples from: the hint after its system message."""
         trajectory = episode.trajectory
         system = f"{episode.system}\n\n{episode.hint}" if episode.system else episode.hint
-        ids, _ = self.renderer.step_prompt(system, trajectory.task_text, episode.history, episode.observation)
+        ids, _ = self.renderer.step_prompt(system, trajectory.task_text, episode.history, episode.observation,
+                                           episode.tools)
         return ids
 
     def _apply_action(self, episode: _Episode, step: Step, outcome, plan: _SignalPlan) -> None:
@@ -565,6 +568,7 @@ class RolloutEngine:
 class _EnvStart:
     observation: str = ""
     instructions: str = ""
+    tools: tuple[str, ...] = ()
     task_text: str = ""
     state_values: dict[str, Any] = field(default_factory=dict)
     role: str = ""
@@ -606,6 +610,7 @@ def _reset_calls(env: AgentEnv, task: dict[str, Any], plan: _SignalPlan) -> _Env
     try:
         start.observation = env.reset(dict(task))
         start.instructions = env.instructions
+        start.tools = tool_texts(getattr(env, "tools", ()))
         start.task_text = env.task_description()
         start.state_values = _evaluate(env, plan.transition)
         if plan.role:

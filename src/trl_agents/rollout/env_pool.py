@@ -470,6 +470,7 @@ class _RemoteEnv:
         self.env_cls = env_cls
         self.name = env_cls.name
         self.instructions = env_cls.instructions
+        self.tools = env_cls.tools
         self.roles = env_cls.roles
         self.timeouts = dict(timeouts)  # {"reset": seconds or None, "step": seconds or None}
         self.start_timeout = start_timeout

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,24 +142,28 @@ class PromptRenderer:
         messages.append({"role": "user", "content": PromptRenderer.step_user_message(task, history, observation)})
         return messages
 
-    def step_text(self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str) -> str:
+    def step_text(self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str,
+                  tools: Sequence[str | dict] = ()) -> str:
         recent = list(history[-self.history_length :]) if self.history_length > 0 else []
-        return self._apply(self.step_messages(system, task, recent, observation), tokenize=False)
+        return self._apply(self.step_messages(system, task, recent, observation), tokenize=False, tools=tools)
 
     def step_prompt_ids(
-        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str
+        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str,
+        tools: Sequence[str | dict] = (),
     ) -> list[int]:
         """Token ids of a step-format prompt; the oldest history entries are dropped if it is too long."""
-        return self.step_prompt(system, task, history, observation)[0]
+        return self.step_prompt(system, task, history, observation, tools)[0]
 
     def step_prompt(
-        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str
+        self, system: str, task: str, history: Sequence[tuple[str, str]], observation: str,
+        tools: Sequence[str | dict] = (),
     ) -> tuple[list[int], list[tuple[str, str]]]:
-        """`step_prompt_ids`, and the history entries the prompt kept (the last `history_length` that fit)."""
+        """`step_prompt_ids`, and the history entries the prompt kept (the last `history_length` that fit).
+        `tools`: the environment's tool schemas (dicts or JSON text), rendered by the chat template (`tools=`)."""
         keep = min(self.history_length, len(history)) if self.history_length > 0 else 0
         while True:
             recent = list(history[len(history) - keep :]) if keep else []
-            ids = self._apply(self.step_messages(system, task, recent, observation), tokenize=True)
+            ids = self._apply(self.step_messages(system, task, recent, observation), tokenize=True, tools=tools)
             if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
                 return ids, recent
             if keep == 0:
@@ -181,19 +186,20 @@ class PromptRenderer:
         """The first user message of a conversation: the task (when not empty) and the first observation."""
         return f"{task}\n{observation}" if task else observation
 
-    def conversation_prompt_ids(self, system: str, task: str, observation: str) -> list[int]:
-        """Token ids of the first turn of a conversation (system + task + first observation); `PromptTooLongError`
-        when they do not fit in `max_prompt_length`."""
+    def conversation_prompt_ids(self, system: str, task: str, observation: str,
+                                tools: Sequence[str | dict] = ()) -> list[int]:
+        """Token ids of the first turn of a conversation (system + task + first observation, and the tool schemas
+        `tools`); `PromptTooLongError` when they do not fit in `max_prompt_length`."""
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": self.conversation_user_message(task, observation)})
-        ids = self._apply(messages, tokenize=True)
+        ids = self._apply(messages, tokenize=True, tools=tools)
         if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
             raise self.too_long(f"The first prompt of this conversation has {len(ids)} tokens")
         return ids
 
-    def messages_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def messages_ids(self, messages: list[dict[str, str]], tools: Sequence[str | dict] = ()) -> list[int]:
         """Token ids of a chat ending with a generation prompt (no length limit), e.g. a privileged view."""
-        return self._apply(messages, tokenize=True)
+        return self._apply(messages, tokenize=True, tools=tools)
 
     def env_turn_ids(self, observation: str) -> list[int]:
         """Tokens that follow an assistant turn's EOS: the template's end-of-turn text, the observation as a user
@@ -220,12 +226,26 @@ class PromptRenderer:
 
     # ---- shared --------------------------------------------------------------------------------------------------
 
-    def _apply(self, messages, tokenize: bool, add_generation_prompt: bool = True):
+    def _apply(self, messages, tokenize: bool, add_generation_prompt: bool = True, tools: Sequence[str | dict] = ()):
+        extra = dict(self.chat_template_kwargs)
+        if tools:  # the way TRL offers tools: the template renders their schemas (and how to call them)
+            extra["tools"] = tool_schemas(tools)
         out = self.tokenizer.apply_chat_template(
             messages,
             tokenize=tokenize,
             add_generation_prompt=add_generation_prompt,
             return_dict=False,
-            **self.chat_template_kwargs,
+            **extra,
         )
         return list(out) if tokenize else out
+
+
+def tool_schemas(tools: Sequence[str | dict]) -> list[dict]:
+    """Tool schemas as dicts (`PromptParts.tools` keeps them as JSON text, so that parts stay hashable)."""
+    return [json.loads(tool) if isinstance(tool, str) else dict(tool) for tool in tools]
+
+
+def tool_texts(tools: Sequence[str | dict] | None) -> tuple[str, ...]:
+    """Tool schemas as JSON text (for `PromptParts.tools`); () for None. Keys keep their order: the chat template
+    renders them in it, and the warm start's `tools` column does the same."""
+    return tuple(tool if isinstance(tool, str) else json.dumps(tool) for tool in tools or ())

@@ -101,7 +101,7 @@ class PrivilegedView:
         parts = self._parts(trajectory, index)
         messages = [{"role": "system", "content": parts.system}] if parts.system else []
         messages.append({"role": "user", "content": self.user_message(trajectory, index)})
-        return self.renderer.messages_ids(messages)
+        return self.renderer.messages_ids(messages, parts.tools)
 
     @staticmethod
     def _parts(trajectory: Trajectory, index: int):

@@ -446,7 +446,8 @@ class ToolRLTrainer(AgentGRPOTrainer):
             system = self.args.system_prompt if self.args.system_prompt is not None else episode["system"]
             history: list[tuple[str, str]] = []
             for observation, action in episode["turns"]:
-                prompt_ids, _ = self.renderer.step_prompt(system, episode["task_text"], history, observation)
+                prompt_ids, _ = self.renderer.step_prompt(system, episode["task_text"], history, observation,
+                                                          episode.get("tools", ()))
                 action_ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
                 examples.append((list(prompt_ids), action_ids))
                 history.append((observation, action))

@@ -131,7 +131,12 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def _format_tool_call(call: ToolCall) -> str:
+def format_tool_call(call: ToolCall) -> str:
+    """A tool call written as the model writes it (what `parse_tool_calls` reads back), e.g. for expert plans.
+
+    >>> format_tool_call({"name": "guess", "arguments": {"n": 3}})
+    '<tool_call>\\n{"name": "guess", "arguments": {"n": 3}}\\n</tool_call>'
+    """
     return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["arguments"]}) + "\n</tool_call>"
 
 
@@ -423,7 +428,7 @@ class TRLEnvironment(AgentEnv):
         return {
             INFO_VALID: valid,
             INFO_SUCCESS: self._success(),
-            "action": "\n".join(_format_tool_call(c) for c in calls) if calls else None,
+            "action": "\n".join(format_tool_call(c) for c in calls) if calls else None,
             "tools": [c["name"] for c in calls],
             "tool_errors": errors,
         }
@@ -643,6 +648,9 @@ def to_trl_environment(env_name: str, *, tool_name: str = "act", **env_kwargs: A
         "Returns:\n"
         "    What you observe after the action."
     )
+    # An environment with tools (`AgentEnv.tools`) offers them to TRL as they are: one method per tool, each a turn
+    # of the environment with that one call (instead of `act`, which would take the call's markup as text).
+    tools = {schema["function"]["name"]: _tool_method(schema, act) for schema in env_class.tools}
 
     def _close(self) -> None:
         self.agent_env.close()
@@ -651,7 +659,7 @@ def to_trl_environment(env_name: str, *, tool_name: str = "act", **env_kwargs: A
     namespace = {
         "__init__": __init__,
         "reset": reset,
-        tool_name: act,
+        **(tools or {tool_name: act}),
         "_close": _close,
         "__module__": __name__,
         "__qualname__": class_name,
@@ -659,6 +667,36 @@ def to_trl_environment(env_name: str, *, tool_name: str = "act", **env_kwargs: A
         _TRL_CLASS_MARKER: env_name,
     }
     return type(class_name, (), namespace)
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict, "array": list}
+
+
+def _tool_method(schema: dict[str, Any], act: Callable[..., str]) -> Callable[..., str]:
+    """A TRL tool method for one tool schema of an environment: its parameters, type hints and Google-style
+    docstring rebuilt from the schema (TRL derives the schema back from them), stepping the environment with the
+    call written in the model's markup."""
+    function = schema["function"]
+    name, parameters = function["name"], function.get("parameters", {})
+    properties, required = parameters.get("properties", {}), set(parameters.get("required", ()))
+
+    def method(self, **arguments: Any) -> str:
+        return act(self, format_tool_call({"name": name, "arguments": arguments}))
+
+    signature = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    for key, spec in properties.items():
+        annotations[key] = _JSON_TYPES.get(spec.get("type"), str)
+        signature.append(inspect.Parameter(key, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[key],
+                                           default=inspect.Parameter.empty if key in required else None))
+    method.__signature__ = inspect.Signature(signature, return_annotation=str)
+    method.__annotations__ = {**annotations, "return": str}
+    method.__name__ = method.__qualname__ = name
+    lines = [function.get("description", name), ""]
+    if properties:
+        lines += ["Args:", *(f"    {key}: {spec.get('description', key)}" for key, spec in properties.items()), ""]
+    method.__doc__ = "\n".join([*lines, "Returns:", "    What you observe after the call."])
+    return method
 
 
 def trl_environment_reward(environments: list[Any], **kwargs: Any) -> list[float | None]:

@@ -108,7 +108,7 @@ def ground_truth_turns(
                 "turn off the ground-truth switches (toolrl_replace_num, toolrl_sft_every, plan hints) for it"
             )
         observation = env.reset(dict(task))
-        episode = {"system": env.instructions, "task_text": env.task_description(), "turns": []}
+        episode = {"system": env.instructions, "tools": env.tools, "task_text": env.task_description(), "turns": []}
         for _ in range(max_turns):
             plan = plan_of(env)
             if not plan:
