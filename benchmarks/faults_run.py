@@ -31,39 +31,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from trl_agents.testing import HELD_OPEN_TRAIN, failing_save_train  # noqa: E402
+
 MARKER = "## Run-level faults"
 STEPS = 4
 TRAIN = ["--config", "gigpo_sokoban_tiny", "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps",
          "1", "--num_train_tasks", "40", "--num_eval_tasks", "4", "--warm_start_steps", "0"]
 
-ENOSPC_WRITER = """
-import errno, os, sys, torch
-save = torch.save
-def full(obj, f, *args, **kwargs):
-    if str(f).endswith(os.path.join("checkpoint-2", "optimizer.pt")):
-        with open(f, "wb") as handle:
-            handle.write(b"PK" * 1000)
-        raise OSError(errno.ENOSPC, "No space left on device")
-    return save(obj, f, *args, **kwargs)
-torch.save = full
-from trl_agents.cli import main
-main(["train", *sys.argv[1:]])
-"""
-
-
-HELD_OPEN = """
-import os, sys, time
-from trl_agents import run
-plot = run.plot_learning_curve
-def held(*args, **kwargs):  # the job stays open (after training) until the RELEASE file exists
-    deadline = time.monotonic() + 600
-    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return plot(*args, **kwargs)
-run.plot_learning_curve = held
-from trl_agents.cli import main
-main(["train", *sys.argv[1:]])
-"""
+ENOSPC_WRITER = failing_save_train('OSError(errno.ENOSPC, "No space left on device")')
+HELD_OPEN = HELD_OPEN_TRAIN
 
 
 def _env(home: Path) -> dict[str, str]:

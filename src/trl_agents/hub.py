@@ -754,11 +754,13 @@ def push_checkpoint(checkpoint_dir: str, repo_id: str, commit_message: str, *, t
 
 def sft_rows(steps):
     """The valid steps of successful episodes, as TRL's conversational prompt-completion rows (`prompt`,
-    `completion`), from a trajectory dataset (`TRAJECTORY_FEATURES`): what imitation learns from. Steps recorded
-    without their chat (empty `prompt`) are left out."""
+    `completion`, and `tools` when the environment offered tools: SFTTrainer passes them to the chat template), from a
+    trajectory dataset (`TRAJECTORY_FEATURES`): what imitation learns from. Steps recorded without their chat (empty
+    `prompt`) are left out."""
     kept = steps.filter(lambda row: bool(row["success"]) and bool(row["valid"]) and row["step"] >= 0
                         and len(row["prompt"]) > 0)
-    return kept.select_columns(["prompt", "completion"])
+    with_tools = "tools" in kept.column_names and any(value is not None for value in kept["tools"])
+    return kept.select_columns(["prompt", "completion", *(["tools"] if with_tools else [])])
 
 
 def _size_category(rows: int) -> str:

@@ -48,6 +48,7 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `env_ids` | list<int32> | Conversation format: the tokens appended after the action (never trained on); empty in step format. |
 | `prompt` | list<message> | The messages the policy saw this turn (`{"role", "content"}`: system, user, ...), as rendered (`step_chat`); empty for a failed episode. |
 | `completion` | list<message> | The policy's reply, `[{"role": "assistant", "content": action_text}]`: with `prompt`, TRL's conversational prompt-completion format. |
+| `tools` | string? | The JSON schemas of the tools the environment offered (`AgentEnv.tools`), as a JSON list, which the chat template rendered into the prompt; null for environments without tools. TRL's `SFTTrainer` reads this column. |
 
 An episode is the rows sharing `episode_uid` (and `run_id`), ordered by `step`; a group, the rows sharing `group_id`.
 `prompt_ids`, `action_ids`, `action_logprobs` and `env_ids` are for replay (`sft_examples` rebuilds training rows
@@ -148,6 +149,7 @@ TRAJECTORY_FEATURES = Features(
         # completion only).
         "prompt": List({"role": _string, "content": _string}),
         "completion": List({"role": _string, "content": _string}),
+        "tools": _string,
     }
 )
 """The `datasets.Features` of a trajectory dataset (the module docstring documents every column)."""
@@ -407,7 +409,7 @@ class TrajectoryWriter:
         global_step: int,
     ) -> list[dict[str, Any]]:
         """The shard rows of `batch`: `RolloutBatch.to_rows()` plus the run's and the rollout's columns."""
-        columns = ("group_id", "episode_uid", "env", "role", "action", "advantage", "prompt", "completion")
+        columns = ("group_id", "episode_uid", "env", "role", "action", "advantage", "prompt", "completion", "tools")
         conversation = (self.run_info.get("config") or {}).get("row_format") == "conversation"
         extra: dict[str, list[Any]] = {name: [] for name in columns}
         for group_index, group in enumerate(batch.groups):
@@ -427,6 +429,8 @@ class TrajectoryWriter:
                     prompt, completion = step_chat(trajectory, trajectory.fork_step + index, conversation)
                     extra["prompt"].append(prompt)
                     extra["completion"].append(completion)
+                    parts = step.prompt_parts if step is not None else None
+                    extra["tools"].append(tools_json(parts.tools) if parts is not None and parts.tools else None)
         common = {
             "run_id": self.run_info.get("run_id"),
             "config_hash": self.run_info.get("config_hash"),
@@ -436,6 +440,15 @@ class TrajectoryWriter:
             "global_step": global_step,
         }
         return [{**common, **row} for row in batch.to_rows(extra, skip_signals=self.unrecorded_signals)]
+
+
+def tools_json(tools) -> str:
+    """`PromptParts.tools` (each schema as JSON text) as one JSON list, the `tools` column TRL's SFTTrainer reads.
+
+    >>> tools_json(('{"type": "function"}',))
+    '[{"type": "function"}]'
+    """
+    return "[" + ", ".join(tools) + "]"
 
 
 def step_chat(trajectory, index: int, conversation: bool = False) -> tuple[list[dict], list[dict]]:

@@ -279,6 +279,42 @@ class FaultyEnv(AgentEnv):
 
 
 
+# Programs for `python -c PROGRAM ARGS...` that run `trl-agents train ARGS...` with one run-level fault patched in
+# (tests/io/test_runlock.py, tests/training/test_preemption.py, benchmarks/faults_run.py).
+HELD_OPEN_TRAIN = """
+import os, sys, time
+from trl_agents import run
+plot = run.plot_learning_curve
+def held(*args, **kwargs):  # the job stays open (after training) until the file $RELEASE exists
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return plot(*args, **kwargs)
+run.plot_learning_curve = held
+from trl_agents.cli import main
+main(["train", *sys.argv[1:]])
+"""
+
+
+def failing_save_train(error: str) -> str:
+    """A program that runs `trl-agents train` whose `torch.save` of `checkpoint-2/optimizer.pt` writes 2000 bytes and
+    then raises `error` (Python source, e.g. `'OSError(errno.ENOSPC, "No space left on device")'`): a disk that
+    fills up while a checkpoint is written."""
+    return f"""
+import errno, os, sys, torch
+save = torch.save
+def full(obj, f, *args, **kwargs):
+    if str(f).endswith(os.path.join("checkpoint-2", "optimizer.pt")):
+        with open(f, "wb") as handle:
+            handle.write(b"PK" * 1000)
+        raise {error}
+    return save(obj, f, *args, **kwargs)
+torch.save = full
+from trl_agents.cli import main
+main(["train", *sys.argv[1:]])
+"""
+
+
 def run_fault_case(fault: str, backend: str, output_dir, model, tokenizer, *, num_tasks: int = 4,
                    step_timeout: float | None = 2.0, max_steps: int = 2) -> dict:
     """Train `max_steps` steps of GRPO on `FaultyEnv` tasks whose first episode misbehaves with `fault` (one episode

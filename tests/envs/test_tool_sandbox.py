@@ -248,3 +248,27 @@ def test_each_family_trains_two_steps_after_a_warm_start_on_expert_solutions(fam
     # every episode ran in its own sandbox and none was lost to an infrastructure failure
     assert [log["env/failed_episode_rate"] for log in rl.state.log_history if "env/failed_episode_rate" in log] \
         == [0.0, 0.0]
+    # the recorded rows carry the tool schemas the prompts were rendered with (TRL's SFTTrainer reads `tools`)
+    from datasets import load_dataset
+
+    rows = load_dataset("parquet", data_files=str(tmp_path / "rl" / "trajectories" / "*.parquet"), split="train")
+    assert len(rows) > 0 and all(json.loads(value) == list(TOOL_SCHEMAS) for value in rows["tools"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["grpo_shell_tasks_tiny", "grpo_code_tasks_tiny"])
+def test_the_tiny_config_of_each_family_trains_through_the_cli(config, tmp_path):
+    import yaml
+
+    from trl_agents.cli import main, packaged_config
+
+    with open(packaged_config(f"{config}.yaml")) as handle:
+        env_kwargs = {**yaml.safe_load(handle)["env_kwargs"], **KWARGS}
+    main(["train", "--config", config, "--output_dir", str(tmp_path), "--max_steps", "1", "--num_train_tasks", "12",
+          "--num_eval_tasks", "4", "--warm_start_steps", "2", "--warm_start_min_steps", "0", "--warm_start_tasks", "8",
+          "--warm_start_val_tasks", "4", "--warm_start_eval_every", "2", "--per_device_train_batch_size", "8",
+          "--env_kwargs", json.dumps(env_kwargs), "--disable_tqdm", "true"])
+    results = json.loads((tmp_path / "eval_results.json").read_text())
+    assert results["env"] == config.split("_", 1)[1].rsplit("_", 1)[0].replace("_", "-")
+    assert results["eval_before_rl"]["num_tasks"] == results["eval_after_rl"]["num_tasks"] == 4
+    assert results["rl_steps"] == 1

@@ -15,6 +15,7 @@ import pytest
 from helpers import checkout_env
 
 from trl_agents.runlock import LOCK_NAME, OutputDirInUse, acquire, hold_output_dir, release
+from trl_agents.testing import HELD_OPEN_TRAIN
 
 HOLD = """
 import sys, time
@@ -118,19 +119,7 @@ TRAIN = [sys.executable, "-m", "trl_agents.cli", "train", "--config", "gigpo_sok
 
 # The CLI, holding its job open (in the plot of its learning curve, after training) until the RELEASE file exists: the
 # second run meets a run in progress however slowly either starts.
-HELD_OPEN = """
-import os, sys, time
-from trl_agents import run
-plot = run.plot_learning_curve
-def held(*args, **kwargs):
-    deadline = time.monotonic() + 600
-    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return plot(*args, **kwargs)
-run.plot_learning_curve = held
-from trl_agents.cli import main
-main(["train", *sys.argv[1:]])
-"""
+HELD_OPEN = HELD_OPEN_TRAIN
 
 
 @pytest.mark.slow

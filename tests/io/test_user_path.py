@@ -212,6 +212,11 @@ def test_sft_subset_keeps_valid_steps_of_solved_episodes_as_chats():
     ])
     kept = sft_rows(rows)
     assert kept.column_names == ["prompt", "completion"] and kept.to_list() == [{"prompt": chat, "completion": reply}]
+    # an environment with tools: its schemas go along, for SFTTrainer to render them as the rollout did
+    tools = '[{"type": "function", "function": {"name": "bash"}}]'
+    with_tools = Dataset.from_list([{"success": True, "valid": True, "step": 0, "prompt": chat, "completion": reply,
+                                     "tools": tools}])
+    assert sft_rows(with_tools).to_list() == [{"prompt": chat, "completion": reply, "tools": tools}]
 
 
 def test_a_conversation_step_is_recorded_as_the_chat_so_far():

@@ -20,6 +20,7 @@ import pytest
 from helpers import checkout_env
 
 from trl_agents.records import load_trajectories
+from trl_agents.testing import failing_save_train
 
 STEPS = 4
 TRAIN = ["-m", "trl_agents.cli", "train", "--config", "gigpo_sokoban_tiny", "--max_steps", str(STEPS),
@@ -241,19 +242,8 @@ def test_a_broken_checkpoint_file_is_one_line_naming_it(tmp_path, finished, name
 
 
 # The CLI with torch's zip writer failing as on a full disk in checkpoint-2's optimizer.pt (after writing a part).
-DISK_FULL_WRITER = """
-import os, sys, torch
-save = torch.save
-def full(obj, f, *args, **kwargs):
-    if str(f).endswith(os.path.join("checkpoint-2", "optimizer.pt")):
-        with open(f, "wb") as handle:
-            handle.write(b"PK" * 1000)
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 470656 vs 470544")
-    return save(obj, f, *args, **kwargs)
-torch.save = full
-from trl_agents.cli import main
-main(["train", *sys.argv[1:]])
-"""
+DISK_FULL_WRITER = failing_save_train('RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos '
+                                      '470656 vs 470544")')  # what torch says when the disk fills mid-save
 
 
 def _check_disk_full(done, out, tmp_path, finished, partial: str) -> None:
