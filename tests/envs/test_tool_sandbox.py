@@ -142,7 +142,7 @@ def test_a_snapshot_restores_into_a_fresh_env_and_sandbox(env, family):
 
 def test_splits_are_disjoint_seeded_rows_and_kinds_can_be_restricted(family):
     cls = get_env_class(family)
-    train, held_out = cls.task_split("train", 50), cls.task_split("eval", 50)
+    train, held_out = cls.task_split("train", 50, **KWARGS), cls.task_split("eval", 50, **KWARGS)
     assert {r["seed"] for r in train}.isdisjoint(r["seed"] for r in held_out)
     assert train[0] == {"env": family, "seed": 0, "task_id": f"{family}-train-0"}
     kind = cls.KINDS[1]
@@ -179,7 +179,7 @@ def test_tools_reach_the_prompt_through_the_chat_template(tokenizer, scripted, f
 def test_warm_start_demonstrations_carry_the_tools_and_match_the_rollout_prompts(tokenizer, scripted, family):
     from trl_agents.warmstart import solver_demonstrations
 
-    tasks = get_env_class(family).task_split("train", 4)
+    tasks = get_env_class(family).task_split("train", 4, **KWARGS)
     examples = solver_demonstrations(family, tasks, env_kwargs=KWARGS, history_length=1)
     assert all(json.loads(e["tools"]) == list(TOOL_SCHEMAS) for e in examples)
     # The policy answers by looking its prompt up among the demonstrations, rendered as SFTTrainer renders them
@@ -233,14 +233,15 @@ def test_each_family_trains_two_steps_after_a_warm_start_on_expert_solutions(fam
     tokenizer = build_tiny_tokenizer(env_corpus(family_name, num_tasks=16, **KWARGS), vocab_size=512)
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     cls = get_env_class(family_name)
-    demos = solver_demonstrations(family_name, cls.task_split("train", 16), env_kwargs=KWARGS, history_length=0)
+    demos = solver_demonstrations(family_name, cls.task_split("train", 16, **KWARGS), env_kwargs=KWARGS,
+                                  history_length=0)
     trainer = warm_start(model, tokenizer, demos, output_dir=str(tmp_path / "warm"), max_steps=3, batch_size=8)
     assert trainer.state.global_step == 3
     config = tiny_training_config(AgentGRPOConfig, tmp_path / "rl", env_name=family_name, env_kwargs=KWARGS,
                                   max_steps=2, max_turns=2, history_length=0, max_completion_length=24,
                                   per_device_train_batch_size=4, num_generations=4)
     rl = AgentGRPOTrainer(model=model, args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list(cls.task_split("train", 8)))
+                          train_dataset=Dataset.from_list(cls.task_split("train", 8, **KWARGS)))
     before = [p.detach().clone() for p in model.parameters()]
     rl.train()
     assert rl.state.global_step == 2
@@ -272,3 +273,71 @@ def test_the_tiny_config_of_each_family_trains_through_the_cli(config, tmp_path)
     assert results["env"] == config.split("_", 1)[1].rsplit("_", 1)[0].replace("_", "-")
     assert results["eval_before_rl"]["num_tasks"] == results["eval_after_rl"]["num_tasks"] == 4
     assert results["rl_steps"] == 1
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_trains_on_shell_tasks_through_environment_factory(tiny_model, tokenizer, tmp_path):
+    """TRL's own GRPOTrainer with environment_factory=to_trl_environment("shell-tasks"), one step on CPU: TRL sees
+    the environment's tools (bash, python, write_file, submit), runs them in the sandbox, and the reward function
+    reads the solved episodes. A random tiny model writes no tool call, so `generate` is scripted: in the first call
+    even rows make the task's expert calls and odd rows answer in prose; after tool responses every row answers."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_agents.envs.adapters.trl import to_trl_environment, trl_environment_reward
+    from trl_agents.envs.tool_sandbox import ShellTasks
+
+    rows = ShellTasks.task_split("train", 2, **KWARGS)
+    experts = {}
+    for row in rows:
+        env = make_env("shell-tasks", **KWARGS)
+        env.reset(row)
+        experts[env.task_description()] = "".join(env.expert_plan())
+        env.close()
+    prompts_seen = []
+
+    def scripted_generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        completions = []
+        for index, ids in enumerate(input_ids):
+            prompt = tokenizer.decode(ids)
+            prompts_seen.append(prompt)
+            if "<tool_response>" in prompt or index % 2:
+                text = "Done."
+            else:
+                text = next(plan for instruction, plan in experts.items() if instruction in prompt)
+            completions.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
+        width = max(map(len, completions))
+        padded = [c + [tokenizer.pad_token_id] * (width - len(c)) for c in completions]
+        return torch.cat([input_ids, torch.tensor(padded, dtype=input_ids.dtype)], dim=1)
+
+    tiny_model.generate = scripted_generate
+    args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=256, learning_rate=1e-2, bf16=False, use_cpu=True,
+                      gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
+                      disable_tqdm=True)
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=trl_environment_reward, args=args,
+                          train_dataset=Dataset.from_list(rows * 2), processing_class=tokenizer,
+                          environment_factory=to_trl_environment("shell-tasks", **KWARGS))
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert sorted((e.episode_return, e.success) for e in trainer.environments) == [
+        (0.0, False), (0.0, False), (1.0, True), (1.0, True)]
+    assert all(f'"name": "{name}"' in prompts_seen[0] for name in ("bash", "python", "write_file", "submit"))
+    for environment in trainer.environments:
+        environment.agent_env.close()
+
+
+def test_without_bubblewrap_the_env_fails_at_once_in_one_line_naming_the_package(monkeypatch, family):
+    from trl_agents.envs import sandbox
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox._bwrap_path.cache_clear()
+    try:
+        for build in (lambda: make_env(family), lambda: get_env_class(family).task_split("train", 2)):
+            with pytest.raises(ValueError, match="install the `bubblewrap` package") as caught:
+                build()
+            assert "\n" not in str(caught.value) and "sandbox_backend='none'" in str(caught.value)
+        make_env(family, sandbox_backend="none").close()  # the explicit choice still works
+    finally:
+        sandbox._bwrap_path.cache_clear()

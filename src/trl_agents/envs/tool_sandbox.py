@@ -24,12 +24,14 @@ episode follows it: warm starts and ground-truth demonstrations), `privileged_co
 
 Example:
     >>> from trl_agents.envs import make_env
-    >>> env = make_env("shell-tasks", sandbox_backend="none")  # doctest: +SKIP  (bwrap is the default)
-    >>> observation = env.reset({"seed": 3})  # doctest: +SKIP
-    >>> for action in env.expert_plan():  # doctest: +SKIP
+    >>> from trl_agents.envs.sandbox import bubblewrap_available
+    >>> env = make_env("shell-tasks", sandbox_backend="bwrap" if bubblewrap_available() else "none")
+    >>> observation = env.reset({"seed": 3})
+    >>> for action in env.expert_plan():
     ...     observation, reward, done, info = env.step(action)
-    >>> reward, done, info["success"]  # doctest: +SKIP
+    >>> reward, done, info["success"]
     (1.0, True, True)
+    >>> env.close()
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .adapters.trl import ToolCallError, format_tool_call, parse_tool_calls
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .code_tasks import CODE_KINDS, code_task
 from .registry import register_env
-from .sandbox import Sandbox, SandboxLimits, SandboxResult
+from .sandbox import BUBBLEWRAP_MISSING, Sandbox, SandboxLimits, SandboxResult, bubblewrap_available
 from .sandbox_tasks import TOOL_NAMES, SandboxTask
 from .shell_tasks import SHELL_KINDS, shell_task
 
@@ -122,6 +124,8 @@ class SandboxToolEnv(AgentEnv):
         self.limits = SandboxLimits(**(sandbox_limits or {}))  # a bad limit fails here, with its name
         if sandbox_backend not in ("bwrap", "none"):
             raise ValueError(f"sandbox_backend must be 'bwrap' or 'none', got {sandbox_backend!r}")
+        if sandbox_backend == "bwrap" and not bubblewrap_available():
+            raise ValueError(BUBBLEWRAP_MISSING)  # now, in one line, rather than as every episode failing later
         self.max_output_chars = check_int("max_output_chars", max_output_chars, 100, 1_000_000)
         if not float(check_timeout) > 0:
             raise ValueError(f"check_timeout must be positive, got {check_timeout!r}")
@@ -303,7 +307,9 @@ class SandboxToolEnv(AgentEnv):
 
     @classmethod
     def task_split(cls, split: str, count: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
-        """Seeded rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000), disjoint."""
+        """Seeded rows: `"train"` (seeds from 0) and `"eval"` (from 1_000_000), disjoint. `env_kwargs` are checked
+        (a bad setting, or bubblewrap missing, fails here, before a run starts)."""
+        cls(**env_kwargs)
         return cls.seeded_split(split, count)
 
 
