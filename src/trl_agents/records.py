@@ -409,6 +409,7 @@ class TrajectoryWriter:
         global_step: int,
     ) -> list[dict[str, Any]]:
         """The shard rows of `batch`: `RolloutBatch.to_rows()` plus the run's and the rollout's columns."""
+        from .rollout.prompts import tools_column
         columns = ("group_id", "episode_uid", "env", "role", "action", "advantage", "prompt", "completion", "tools")
         conversation = (self.run_info.get("config") or {}).get("row_format") == "conversation"
         extra: dict[str, list[Any]] = {name: [] for name in columns}
@@ -430,7 +431,7 @@ class TrajectoryWriter:
                     extra["prompt"].append(prompt)
                     extra["completion"].append(completion)
                     parts = step.prompt_parts if step is not None else None
-                    extra["tools"].append(tools_json(parts.tools) if parts is not None and parts.tools else None)
+                    extra["tools"].append(tools_column(parts.tools) if parts is not None and parts.tools else None)
         common = {
             "run_id": self.run_info.get("run_id"),
             "config_hash": self.run_info.get("config_hash"),
@@ -440,15 +441,6 @@ class TrajectoryWriter:
             "global_step": global_step,
         }
         return [{**common, **row} for row in batch.to_rows(extra, skip_signals=self.unrecorded_signals)]
-
-
-def tools_json(tools) -> str:
-    """`PromptParts.tools` (each schema as JSON text) as one JSON list, the `tools` column TRL's SFTTrainer reads.
-
-    >>> tools_json(('{"type": "function"}',))
-    '[{"type": "function"}]'
-    """
-    return "[" + ", ".join(tools) + "]"
 
 
 def step_chat(trajectory, index: int, conversation: bool = False) -> tuple[list[dict], list[dict]]:

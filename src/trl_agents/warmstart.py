@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from transformers import TrainerCallback
 
 from .envs import get_env_class, make_env
 from .envs.base import has_plans, plan_of
-from .rollout.prompts import PromptRenderer
+from .rollout.prompts import PromptRenderer, tools_column
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -65,7 +64,7 @@ def solver_demonstrations(
         system = instance.instructions if system_prompt is None else system_prompt
         task_text = instance.task_description()
         # An environment with tools: SFTTrainer passes the `tools` column to the chat template, as the rollout does.
-        tools = {"tools": json.dumps(list(instance.tools))} if instance.tools else {}
+        tools = {"tools": tools_column(instance.tools)} if instance.tools else {}
         history: list[tuple[str, str]] = []
         for action in plan_of(instance) or []:
             recent = history[-history_length:] if history_length > 0 else []

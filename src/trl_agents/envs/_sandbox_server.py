@@ -10,6 +10,8 @@ length followed by that many bytes of JSON. The first message is the configurati
 - `{"op": "write" | "read", "path": str, ...}`: a file of the working directory (paths that leave it are refused).
 - `{"op": "snapshot" | "restore"}`: the working directory as a gzip tar archive, and back.
 
+A request that fails is answered `{"error": message, "kind": the exception's class name}`.
+
 Its own process is made non-dumpable, so commands (which run under the same uid) cannot read its pipes through
 `/proc/<pid>/fd` nor ptrace it. Inside bubblewrap it is PID 1 of the sandbox (`--as-pid-1`): the kernel then drops
 every signal a command sends it whose action is the default one, SIGKILL and SIGSTOP included, so no command can
@@ -37,6 +39,8 @@ PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 TRUNCATION_MARKER = "\n[... output truncated: {} more bytes not shown ...]\n"
 MEMORY_MARKER = "\n[killed: the command's processes used more than total_memory_mb={} MiB of memory together]\n"
+DISK_MARKER = "\n[the working directory holds {} bytes, more than disk_mb={} MiB]\n"
+MEMORY_CHECK_SECONDS = 0.05
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -100,20 +104,29 @@ class Server:
                     "timed_out": False, "truncated": False, "duration": 0.0}
         kept = {child.stdout.fileno(): bytearray(), child.stderr.fileno(): bytearray()}
         dropped = dict.fromkeys(kept, 0)
+
+        def keep(fd, chunk):  # at most `limit` bytes per stream; the rest is counted
+            room = max(limit - len(kept[fd]), 0)
+            kept[fd] += chunk[:room]
+            dropped[fd] += max(len(chunk) - room, 0)
+
         selector = selectors.DefaultSelector()
         selector.register(child.stdout, selectors.EVENT_READ)
         selector.register(child.stderr, selectors.EVENT_READ)
         if data is not None:
             self.feed(child, data.encode())
         timed_out, open_streams, exited_at, over_memory = False, 2, None, False
+        next_memory_check = started
         while open_streams:
             now = time.monotonic()
             if now >= deadline:
                 timed_out = child.poll() is None
                 break
-            if self.memory_used() > self.limits["total_memory_mb"] << 20:
-                over_memory = True
-                break
+            if now >= next_memory_check:  # every 50 ms, not on every chunk of a flood of output
+                next_memory_check = now + MEMORY_CHECK_SECONDS
+                if self.over_memory():
+                    over_memory = True
+                    break
             if exited_at is None and child.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.05:
@@ -124,16 +137,14 @@ class Server:
                     selector.unregister(key.fileobj)
                     open_streams -= 1
                     continue
-                room = limit - len(kept[key.fd])
-                kept[key.fd] += chunk[:max(room, 0)]
-                dropped[key.fd] += max(len(chunk) - max(room, 0), 0)
+                keep(key.fd, chunk)
         while not (timed_out or over_memory):  # its pipes are closed: let it finish (exiting, or running silently)
             try:
-                child.wait(timeout=max(0.0, min(deadline - time.monotonic(), 0.05)))
+                child.wait(timeout=max(0.0, min(deadline - time.monotonic(), MEMORY_CHECK_SECONDS)))
                 break
             except subprocess.TimeoutExpired:
                 timed_out = time.monotonic() >= deadline
-                over_memory = self.memory_used() > self.limits["total_memory_mb"] << 20
+                over_memory = self.over_memory()
         self.kill_all(child)
         for key in list(selector.get_map().values()):  # what was written before the kill
             while True:
@@ -143,9 +154,7 @@ class Server:
                     break
                 if not chunk:
                     break
-                room = limit - len(kept[key.fd])
-                kept[key.fd] += chunk[:max(room, 0)]
-                dropped[key.fd] += max(len(chunk) - max(room, 0), 0)
+                keep(key.fd, chunk)
         selector.close()
         child.stdout.close()
         child.stderr.close()
@@ -156,11 +165,19 @@ class Server:
             texts.append(text + (TRUNCATION_MARKER.format(stream_dropped) if stream_dropped else ""))
         if over_memory:
             texts[1] += MEMORY_MARKER.format(self.limits["total_memory_mb"])
+        code = -signal.SIGKILL if timed_out or over_memory else code
+        if not self.namespace:  # without bubblewrap's sized tmpfs, the working directory's size is checked here
+            used = self.disk_used()
+            if used > self.limits["disk_mb"] << 20:
+                code = code or 1
+                texts[1] += DISK_MARKER.format(used, self.limits["disk_mb"])
         return {
-            "stdout": texts[0], "stderr": texts[1], "exit_code": -signal.SIGKILL if timed_out or over_memory else code,
-            "timed_out": timed_out, "truncated": any(dropped.values()),
-            "duration": time.monotonic() - started,
+            "stdout": texts[0], "stderr": texts[1], "exit_code": code, "timed_out": timed_out,
+            "truncated": any(dropped.values()), "duration": time.monotonic() - started,
         }
+
+    def over_memory(self):
+        return self.memory_used() > self.limits["total_memory_mb"] << 20
 
     def memory_used(self):
         """Resident memory of the command's processes together, in bytes (the per-process address-space limit
@@ -312,7 +329,8 @@ class Server:
                 archive.extractall(self.workdir)
         return {}
 
-    def usage(self, request):
+    def disk_used(self):
+        """Bytes of the files of the working directory."""
         total = 0
         for folder, _, names in os.walk(self.workdir):
             for name in names:
@@ -320,7 +338,7 @@ class Server:
                     total += os.lstat(os.path.join(folder, name)).st_size
                 except OSError:
                     pass
-        return {"bytes": total}
+        return total
 
 
 def main():
@@ -339,7 +357,7 @@ def main():
     os.chdir(server.workdir)
     send(stdout, {"ready": True, "pid": os.getpid()})
     handlers = {"run": server.run, "write": server.write, "read": server.read, "snapshot": server.snapshot,
-                "restore": server.restore, "usage": server.usage}
+                "restore": server.restore}
     while True:
         request = receive(stdin)
         if request is None or request.get("op") == "close":
@@ -347,7 +365,7 @@ def main():
         try:
             reply = handlers[request["op"]](request)
         except (OSError, ValueError, KeyError, tarfile.TarError) as err:
-            reply = {"error": f"{type(err).__name__}: {err}"}
+            reply = {"error": str(err), "kind": type(err).__name__}
         send(stdout, reply)
     if not server.namespace:
         for pid in server.descendants():

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..names import check_choice
+
 logger = logging.getLogger(__name__)
 
 SANDBOX_BACKENDS = ("bwrap", "none")
@@ -296,8 +298,7 @@ class Sandbox:
     """
 
     def __init__(self, backend: str = "bwrap", limits: SandboxLimits | None = None, **limit_overrides: Any):
-        if backend not in SANDBOX_BACKENDS:
-            raise ValueError(f"sandbox_backend must be one of {SANDBOX_BACKENDS}, got {backend!r}")
+        check_choice("sandbox_backend", backend, SANDBOX_BACKENDS)
         unknown = set(limit_overrides) - {spec.name for spec in dataclasses.fields(SandboxLimits)}
         if unknown:
             names = ", ".join(spec.name for spec in dataclasses.fields(SandboxLimits))
@@ -313,7 +314,7 @@ class Sandbox:
         # RLIMIT_NPROC to root, so a fork bomb would otherwise be unbounded, and root's rights never reach a command.
         self._uid = _dedicated_uid() if os.geteuid() == 0 else None
         if backend == "bwrap":
-            command, preexec, nproc = self._bwrap_command()
+            command, preexec = self._bwrap_command()
             workdir, namespace = WORKDIR, True
         else:
             _warn_no_isolation()
@@ -323,16 +324,13 @@ class Sandbox:
             if self._uid is not None:
                 os.chown(self._host_dir, self._uid, self._uid)
                 preexec = _drop_to(self._uid)
-                nproc = self.limits.max_processes + 1  # + the server itself
-            else:
-                nproc = _count_tasks_of(os.getuid()) + self.limits.max_processes
             workdir, namespace = self._host_dir, False
         self.workdir = workdir
         self._start(command, preexec, {
             "workdir": workdir,
             "limits": dataclasses.asdict(self.limits),
             "pid_namespace": namespace,
-            "nproc": nproc,
+            "nproc": self._process_limit(user_namespace=namespace),
             "env": self._command_env(workdir),
             "shell": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh",
         })
@@ -348,7 +346,7 @@ class Sandbox:
         return {"PATH": ":".join(path), "HOME": "/tmp" if self.backend == "bwrap" else workdir, "LANG": "C.UTF-8",
                 "TERM": "dumb", "USER": "sandbox", "PYTHONDONTWRITEBYTECODE": "1"}
 
-    def _bwrap_command(self) -> tuple[list[str], Any, int]:
+    def _bwrap_command(self) -> tuple[list[str], Any]:
         bwrap = _bwrap_path()
         if bwrap is None:
             raise SandboxUnavailable(BUBBLEWRAP_MISSING)
@@ -391,17 +389,16 @@ class Sandbox:
             self._pass_fds = (read_end,)
             args += ["--seccomp", str(read_end)]
         args += ["--", python, "-I", "-S", "-c", _SERVER_SOURCE]
-        preexec = None
-        if self._uid is not None:
-            # Drop root before bubblewrap: the sandbox's host uid owns nothing. The kernel counts the processes of
-            # the sandbox's user namespace (the server and the commands) against the limit: + 1 for the server.
-            preexec = _drop_to(self._uid)
-            nproc = limits.max_processes + 1
-        elif _nproc_counted_per_user_namespace():
-            nproc = limits.max_processes + 1  # the user's processes outside the sandbox do not count
-        else:
-            nproc = _count_tasks_of(os.getuid()) + limits.max_processes
-        return args, preexec, nproc
+        # Drop root before bubblewrap: the sandbox's host uid owns nothing.
+        return args, (_drop_to(self._uid) if self._uid is not None else None)
+
+    def _process_limit(self, user_namespace: bool) -> int:
+        """RLIMIT_NPROC for the commands: `max_processes` + 1 for the server where the kernel counts only the
+        sandbox's processes (its own host uid, or, Linux >= 5.14, its own user namespace); else the kernel counts all
+        of the user's processes, and those running now are added."""
+        if self._uid is not None or (user_namespace and _nproc_counted_per_user_namespace()):
+            return self.limits.max_processes + 1
+        return _count_tasks_of(os.getuid()) + self.limits.max_processes
 
     def _start(self, command: list[str], preexec, config: dict[str, Any]) -> None:
         try:
@@ -475,8 +472,9 @@ class Sandbox:
                 raise SandboxError("the sandbox is closed")
             self._send(message)
             reply = self._receive(wait)
-        if "error" in reply:
-            raise OSError(reply["error"])
+        if "error" in reply:  # a path out of the working directory, a missing file, a broken archive
+            kind = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}.get(reply["kind"])
+            raise kind(reply["error"]) if kind else OSError(f"{reply['kind']}: {reply['error']}")
         return reply
 
     def _death(self) -> str:
@@ -514,34 +512,17 @@ class Sandbox:
         timeout = self.limits.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        reply = self._call({"op": "run", "command": command, "stdin": stdin, "timeout": timeout})
-        result = SandboxResult(**reply)
-        if self.backend == "none":
-            used = self._call({"op": "usage"})["bytes"]
-            if used > self.limits.disk_mb << 20:
-                result = dataclasses.replace(
-                    result, exit_code=result.exit_code or 1,
-                    stderr=result.stderr + f"\n[the working directory holds {used} bytes, more than disk_mb="
-                    f"{self.limits.disk_mb} MiB]\n",
-                )
-        return result
+        return SandboxResult(**self._call({"op": "run", "command": command, "stdin": stdin, "timeout": timeout}))
 
     def write_file(self, path: str, content: str | bytes, executable: bool = False) -> None:
         """Write `content` (text as UTF-8, or bytes) to `path`, relative to the working directory (folders are
         created). A path that leads out of it (absolute, `..`, a symlink) raises ValueError."""
         data = content.encode() if isinstance(content, str) else bytes(content)
-        try:
-            self._call({"op": "write", "path": path, "data": base64.b64encode(data).decode(),
-                        "executable": bool(executable)})
-        except OSError as err:
-            raise _as_path_error(err) from None
+        self._call({"op": "write", "path": path, "data": base64.b64encode(data).decode(), "executable": bool(executable)})
 
     def read_file(self, path: str, limit: int | None = None) -> str:
         """The text of `path` (relative to the working directory), at most `limit` bytes of it when given."""
-        try:
-            reply = self._call({"op": "read", "path": path, "limit": int(limit or 0)})
-        except OSError as err:
-            raise _as_path_error(err) from None
+        reply = self._call({"op": "read", "path": path, "limit": int(limit or 0)})
         return base64.b64decode(reply["data"]).decode("utf-8", errors="replace")
 
     def snapshot(self) -> bytes:
@@ -576,15 +557,6 @@ class Sandbox:
     def _cleanup_dir(self) -> None:
         if self._host_dir:
             shutil.rmtree(self._host_dir, ignore_errors=True)
-
-
-def _as_path_error(err: OSError) -> Exception:
-    text = str(err)
-    if text.startswith("ValueError: "):
-        return ValueError(text[len("ValueError: "):])
-    if text.startswith("FileNotFoundError: ") or "No such file" in text:
-        return FileNotFoundError(text.split(": ", 1)[-1])
-    return err
 
 
 def _stop(process: subprocess.Popen | None, host_dir: str | None, uid: int | None = None, kill: bool = False) -> None:

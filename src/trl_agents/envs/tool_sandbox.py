@@ -37,13 +37,22 @@ Example:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .adapters.trl import ToolCallError, format_tool_call, parse_tool_calls
 from .base import INFO_SUCCESS, INFO_VALID, AgentEnv
 from .code_tasks import CODE_KINDS, code_task
 from .registry import register_env
-from .sandbox import BUBBLEWRAP_MISSING, Sandbox, SandboxLimits, SandboxResult, bubblewrap_available
+from ..names import check_choice
+from .sandbox import (
+    BUBBLEWRAP_MISSING,
+    SANDBOX_BACKENDS,
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    bubblewrap_available,
+)
 from .sandbox_tasks import TOOL_NAMES, SandboxTask
 from .shell_tasks import SHELL_KINDS, shell_task
 
@@ -75,6 +84,7 @@ TOOL_SCHEMAS: tuple[dict[str, Any], ...] = (
     _function("submit", "Say the task is done. The episode ends and a hidden check decides whether it is solved.", {}),
 )
 assert tuple(tool["function"]["name"] for tool in TOOL_SCHEMAS) == TOOL_NAMES
+_PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOL_SCHEMAS}
 
 INSTRUCTIONS = (
     "You work in a Linux sandbox without network access. The working directory is /work; the task's files are "
@@ -90,7 +100,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 class SandboxToolEnv(AgentEnv):
-    """Plays `SandboxTask`s in a `Sandbox`; subclasses say where tasks come from (`make_task`).
+    """Plays `SandboxTask`s in a `Sandbox`; subclasses say where tasks come from (`generate`: seed and kind -> task).
 
     Args:
         sandbox_backend: `"bwrap"` (bubblewrap isolation, the default) or `"none"` (no isolation: the commands run
@@ -107,6 +117,7 @@ class SandboxToolEnv(AgentEnv):
     instructions = INSTRUCTIONS
     task_keys = ("seed",)
     KINDS: ClassVar[tuple[str, ...]] = ()
+    generate: ClassVar[Callable[[int, str | None], SandboxTask]]  # (seed, kind or None) -> the task
     SPLIT_SEED_START: ClassVar[dict[str, int]] = {"train": 0, "eval": 1_000_000}
     SPLIT_DEFAULT_COUNT: ClassVar[dict[str, int]] = {"train": 1000, "eval": 200}
 
@@ -122,8 +133,7 @@ class SandboxToolEnv(AgentEnv):
 
         self.sandbox_backend = sandbox_backend
         self.limits = SandboxLimits(**(sandbox_limits or {}))  # a bad limit fails here, with its name
-        if sandbox_backend not in ("bwrap", "none"):
-            raise ValueError(f"sandbox_backend must be 'bwrap' or 'none', got {sandbox_backend!r}")
+        check_choice("sandbox_backend", sandbox_backend, SANDBOX_BACKENDS)
         if sandbox_backend == "bwrap" and not bubblewrap_available():
             raise ValueError(BUBBLEWRAP_MISSING)  # now, in one line, rather than as every episode failing later
         self.max_output_chars = check_int("max_output_chars", max_output_chars, 100, 1_000_000)
@@ -145,7 +155,7 @@ class SandboxToolEnv(AgentEnv):
 
     def make_task(self, row: dict[str, Any]) -> SandboxTask:
         """The task of a dataset row (`seed`, optionally `kind`)."""
-        raise NotImplementedError
+        return type(self).generate(int(row["seed"]), self._kind_of(row))
 
     def _kind_of(self, row: dict[str, Any]) -> str | None:
         kind = row.get("kind")
@@ -217,7 +227,7 @@ class SandboxToolEnv(AgentEnv):
         return observation, reward, self._done, self._info(True, calls, exit_codes)
 
     def _check_call(self, call: dict[str, Any]) -> None:
-        schema = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOL_SCHEMAS}.get(call["name"])
+        schema = _PARAMETERS.get(call["name"])
         if schema is None:
             raise ToolCallError(f"Unknown tool {call['name']!r}. Available tools: {', '.join(TOOL_NAMES)}.")
         expected = set(schema["properties"])
@@ -244,14 +254,15 @@ class SandboxToolEnv(AgentEnv):
         return self._describe(result), result.exit_code
 
     def _describe(self, result: SandboxResult) -> str:
-        output = result.stdout + (("\n" if result.stdout and not result.stdout.endswith("\n") else "") + result.stderr
-                                  if result.stderr else "")
+        output = result.stdout
+        if result.stderr:
+            output += ("" if not output or output.endswith("\n") else "\n") + result.stderr
         output = _clip(output, self.max_output_chars)
+        if output and not output.endswith("\n"):
+            output += "\n"
         if result.timed_out:
-            tail = f"[timed out after {self.limits.timeout:g} s: every process of the command was killed]"
-        else:
-            tail = f"[exit code {result.exit_code}]"
-        return f"{output}{'' if not output or output.endswith(chr(10)) else chr(10)}{tail}"
+            return output + f"[timed out after {self.limits.timeout:g} s: every process of the command was killed]"
+        return output + f"[exit code {result.exit_code}]"
 
     def _run_check(self) -> bool:
         """The hidden check, inside the sandbox: solved when it exits 0 and prints a fresh random token last (so a
@@ -264,9 +275,8 @@ class SandboxToolEnv(AgentEnv):
     def _follow_expert(self, calls: list[dict[str, Any]]) -> None:
         if self._expert_step is None:
             return
-        solution = self._task.solution
         end = self._expert_step + len(calls)
-        if [dict(c) for c in solution[self._expert_step:end]] == [dict(c) for c in calls]:
+        if list(self._task.solution[self._expert_step:end]) == calls:
             self._expert_step = end
         else:
             self._expert_step = None
@@ -319,9 +329,7 @@ class ShellTasks(SandboxToolEnv):
 
     name = "shell-tasks"
     KINDS = SHELL_KINDS
-
-    def make_task(self, row: dict[str, Any]) -> SandboxTask:
-        return shell_task(int(row["seed"]), self._kind_of(row))
+    generate = staticmethod(shell_task)
 
 
 @register_env
@@ -330,6 +338,4 @@ class CodeTasks(SandboxToolEnv):
 
     name = "code-tasks"
     KINDS = CODE_KINDS
-
-    def make_task(self, row: dict[str, Any]) -> SandboxTask:
-        return code_task(int(row["seed"]), self._kind_of(row))
+    generate = staticmethod(code_task)

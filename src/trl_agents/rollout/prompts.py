@@ -249,3 +249,13 @@ def tool_texts(tools: Sequence[str | dict] | None) -> tuple[str, ...]:
     """Tool schemas as JSON text (for `PromptParts.tools`); () for None. Keys keep their order: the chat template
     renders them in it, and the warm start's `tools` column does the same."""
     return tuple(tool if isinstance(tool, str) else json.dumps(tool) for tool in tools or ())
+
+
+def tools_column(tools: Sequence[str | dict]) -> str:
+    """Tool schemas as one JSON list: the `tools` column TRL's SFTTrainer passes to the chat template (warm-start
+    demonstrations, trajectory records).
+
+    >>> tools_column(('{"type": "function"}',))
+    '[{"type": "function"}]'
+    """
+    return "[" + ", ".join(tool_texts(tools)) + "]"
