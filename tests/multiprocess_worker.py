@@ -68,6 +68,10 @@ CASES = {
     "eppo": ("eppo", {"eppo_task_type_field": "task_id"}),
     # 3SPO with its adaptive allocation (a depth-first search per task; per-task table).
     "3spo_adaptive": ("3spo", {"sspo_allocation": "adaptive", "sspo_g_max": 2, "state_scope": "task"}),
+    # Per-episode scheduling: a seed per request in both (the generator's answer then depends on the prompt and the
+    # seed only), lockstep against free; each process's rows must be the same (test_multiprocess.py).
+    "grpo_seeded": ("grpo", {"deterministic_sampling": True}),
+    "grpo_free": ("grpo", {"rollout_schedule": "free", "env_workers": 4}),
     # DPEPO: the walk played in K = 2 copies through the `parallel` wrapper (DeterministicGenerator answers in its
     # format when the prompt is the wrapper's).
     "dpepo": ("dpepo", {"env_name": "parallel", "history_length": 0, "max_completion_length": 24,
@@ -148,7 +152,8 @@ class WalkEnv(AgentEnv):
 class DeterministicGenerator:
     """Answers "right" once an episode is right of the start, and otherwise one of `ACTIONS`, chosen by a hash of the
     prompt's text (so the choices do not depend on the tokenizer) and by how many identical prompts came before it
-    in the same call.
+    in the same call; with request seeds (`per_request_seeds`: deterministic sampling), by the hash and the seed
+    instead, so the answer does not depend on the other prompts of the call (per-episode scheduling).
 
     Identical prompts only come from the episodes of one task (the observation names the task), and whole groups
     run on one process in episode order, so every episode gets the same action however tasks are split between
@@ -159,10 +164,13 @@ class DeterministicGenerator:
         self.tokenizer = tokenizer
         self.eos_token_ids = [tokenizer.eos_token_id]
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+    per_request_seeds = True
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> GenerationOutput:
         seen = Counter()
         completion_ids, logprobs = [], []
-        for prompt in prompts:
+        for row, prompt in enumerate(prompts):
             text = self.tokenizer.decode(prompt)
             positions = re.findall(r"you are at (-?\d+)", text)
             if not positions or "reflect" in text.lower():
@@ -172,7 +180,8 @@ class DeterministicGenerator:
             elif int(positions[-1]) > 0:
                 action = "right"  # an episode that got going keeps going: more groups with a success and a failure
             else:
-                action = ACTIONS[(zlib.crc32(text.encode()) + seen[text]) % len(ACTIONS)]
+                draw = seen[text] if seeds is None else seeds[row]
+                action = ACTIONS[(zlib.crc32(text.encode()) + draw) % len(ACTIONS)]
             if "environments this turn" in text:  # DPEPO's parallel wrapper: the same move in both copies
                 action = f"<parallel><env_1>{action}</env_1><env_2>{action}</env_2></parallel>"
             seen[text] += 1

@@ -75,6 +75,7 @@ def evaluate_policy(
     chat_template_kwargs: dict[str, Any] | None = None,
     show_progress: bool = False,
     return_rollout: bool = False,
+    rollout_schedule: str = "lockstep",
 ) -> dict[str, Any]:
     """Run the policy on `tasks` (or on `num_tasks` tasks of the env's `split`) and summarise.
 
@@ -98,6 +99,9 @@ def evaluate_policy(
             ones); by default a pool of local environments, closed at the end.
         show_progress: Show a live progress bar of the episodes on stderr.
         return_rollout: Also return the `RolloutBatch` under `"rollout"`.
+        rollout_schedule: `"lockstep"` or `"free"` (each episode advances alone: for environments whose steps are
+            slow and vary; `RolloutEngine(schedule=)`, docs/async.md). With `"free"`, sampling takes one seed per
+            request (from `seed`, 0 when None) if the generator supports it.
 
     Returns:
         A flat dict: `env`, `split`, `num_tasks`, `num_episodes`, `greedy`, `temperature`, `num_samples`,
@@ -127,6 +131,8 @@ def evaluate_policy(
         env_pool=env_pool or EnvPool(env_kwargs=env_kwargs, default_env=env),
         system_prompt=system_prompt,
         on_turn=progress.update if progress else None,
+        schedule=rollout_schedule,
+        seed=0 if seed is None else seed,
     )
     try:
         with progress.track() if progress else contextlib.nullcontext(), _seeded(None if greedy else seed):

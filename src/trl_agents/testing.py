@@ -279,6 +279,196 @@ class FaultyEnv(AgentEnv):
 
 
 
+# ---- a batch-invariant generator and a slow environment (per-episode scheduling: tests/rollout/test_scheduler.py,
+# benchmarks/async_rollout.py) --------------------------------------------------------------------------------------
+
+
+def _unit_hash(*parts) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big")
+
+
+class SeededScriptGenerator:
+    """A `Generator` whose answer to a prompt depends only on (the prompt's token ids, its request seed): batch
+    invariant, so any schedule that gives a turn the same prompt and seed gets the same action.
+
+    The answer is `"<nonce> <action>"` closed with EOS, the action one of `actions` and the nonce a number, both
+    chosen by a hash of (prompt, seed); its log-probs are also drawn from the hash. A call on b prompts sleeps
+    `call_seconds + seconds_per_prompt * b` (a simulated model: 20 ms + 2 ms per sequence is the tiny model's regime
+    on a CPU). `request_level=True` adds `submit(prompt_ids, sampling, seed=None)`: one request at a time, each costing
+    `call_seconds + seconds_per_prompt`, concurrently on threads (a continuously batching server).
+
+    Example:
+        >>> from trl_agents.rollout import SamplingParams
+        >>> tokenizer = build_tiny_tokenizer(["up down left right"])
+        >>> generator = SeededScriptGenerator(tokenizer, ["```up```", "```down```"])
+        >>> one = generator.generate([[5, 6], [7]], SamplingParams(), seeds=[1, 2])
+        >>> two = generator.generate([[7], [9, 9], [5, 6]], SamplingParams(), seeds=[2, 3, 1])
+        >>> one.completion_ids == [two.completion_ids[2], two.completion_ids[0]]
+        True
+    """
+
+    per_request_seeds = True
+
+    def __init__(self, tokenizer, actions, call_seconds: float = 0.0, seconds_per_prompt: float = 0.0,
+                 request_level: bool = False):
+        import threading
+
+        self.tokenizer = tokenizer
+        self.actions = list(actions)
+        self.call_seconds, self.seconds_per_prompt = call_seconds, seconds_per_prompt
+        self.eos_token_ids = [tokenizer.eos_token_id]
+        self.calls: list[int] = []  # the batch size of every call (or 1 per request)
+        self.busy_seconds = 0.0  # time spent "computing" (calls may overlap under request_level)
+        self.request_level = request_level
+        self._lock = threading.Lock()
+        self._executor = None
+
+    def _answer(self, prompt, seed):
+        key = _unit_hash(tuple(prompt), seed)
+        text = f"{key % 997} {self.actions[(key >> 16) % len(self.actions)]}"
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        logprobs = [-((key >> (20 + i)) % 1000 + 1) / 1000.0 for i in range(len(ids))]
+        return ids, logprobs
+
+    def generate(self, prompts, sampling, seeds=None, roles=None):
+        import time
+
+        from .rollout.generators import GenerationOutput
+
+        seconds = self.call_seconds + self.seconds_per_prompt * len(prompts) if prompts else 0.0
+        if seconds:
+            time.sleep(seconds)
+        with self._lock:
+            self.calls.append(len(prompts))
+            self.busy_seconds += seconds
+        seeds = [None] * len(prompts) if seeds is None else list(seeds)
+        answers = [self._answer(prompt, seed) for prompt, seed in zip(prompts, seeds, strict=True)]
+        return GenerationOutput([ids for ids, _ in answers], [lps for _, lps in answers])
+
+    def submit(self, prompt_ids, sampling, seed=None):
+        if not self.request_level:
+            raise AttributeError("submit needs SeededScriptGenerator(request_level=True)")
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="seeded-generator")
+        return self._executor.submit(self.generate, [list(prompt_ids)], sampling, [seed])
+
+
+def latency_seconds(key, median: float = 0.1, sigma: float = 1.0, low: float = 0.01, high: float = 2.0) -> float:
+    """A step latency drawn from a hash of `key`: clip(lognormal(log median, sigma), low, high) seconds, the same for
+    the same key in any process and under any schedule."""
+    import math
+    from statistics import NormalDist
+
+    unit = (_unit_hash(key) + 0.5) / 2**64
+    return min(max(median * math.exp(sigma * NormalDist().inv_cdf(unit)), low), high)
+
+
+@register_env
+class CountdownEnv(AgentEnv):
+    """A toy task of exactly `turns` turns (task row `turns`, default 8): each turn asks for a direction word and
+    rewards a valid one (`trl_agents.envs.parsing.parse_direction`) with 1/turns; success when every answer was valid.
+    Episodes never end early, so a rollout is `turns` turns of every episode (a fixed workload for benchmarks).
+
+    Example:
+        >>> env = CountdownEnv()
+        >>> env.reset({"seed": 3, "turns": 2})
+        'Task 3, turn 1 of 2: name a direction.'
+        >>> env.step("```left```")[1:3], env.step("no")[1:3]
+        ((0.5, False), (0.0, True))
+    """
+
+    name = "test-countdown"
+    instructions = "Answer every turn with one direction word (up, down, left or right) in a ``` fenced block."
+    task_keys = ("seed",)
+
+    def reset(self, task):
+        self.seed, self.turns, self.turn, self.valid = task["seed"], int(task.get("turns", 8)), 0, 0
+        return self._observation()
+
+    def _observation(self) -> str:
+        return f"Task {self.seed}, turn {self.turn + 1} of {self.turns}: name a direction."
+
+    def step(self, action_text):
+        from .envs.parsing import parse_direction
+
+        valid = parse_direction(action_text) is not None
+        self.turn += 1
+        self.valid += valid
+        done = self.turn >= self.turns
+        info = {"valid": valid, "success": done and self.valid == self.turns}
+        return self._observation(), (1.0 / self.turns) if valid else 0.0, done, info
+
+
+@register_env
+class LatencyEnv(AgentEnv):
+    """Another environment (`inner`, by name) whose every step first sleeps a latency drawn from a keyed random
+    stream (`latency_seconds`): key = (task, turn, the actions so far), so two schedules that play the same episode
+    see the same latencies, and episodes of a task that act differently see independent ones. Sleeping uses no CPU:
+    what it measures is the schedule. `median=0` makes it instantaneous; `sigma=0` a constant latency. State keys,
+    snapshots and restores are the inner environment's (`supports` says what it has).
+
+    Example:
+        >>> env = LatencyEnv(inner="frozenlake", median=0.001)
+        >>> env.reset({"seed": 0}).splitlines()[0]
+        'P F F F'
+        >>> env.step("```right```")[1:3]
+        (0.0, False)
+    """
+
+    name = "test-latency"
+
+    def __init__(self, inner: str = "frozenlake", median: float = 0.1, sigma: float = 1.0, low: float = 0.01,
+                 high: float = 2.0, **inner_kwargs):
+        from .envs import make_env
+
+        self.inner = make_env(inner, **inner_kwargs)
+        self.latency = {"median": median, "sigma": sigma, "low": low, "high": high}
+        self.instructions = self.inner.instructions
+        self.tools = getattr(self.inner, "tools", ())
+        self.task_keys = getattr(self.inner, "task_keys", ())
+        self._task_key, self._actions = "", []
+
+    def reset(self, task):
+        import json
+
+        self._task_key = json.dumps(task, sort_keys=True, default=str)
+        self._actions = []
+        return self.inner.reset(task)
+
+    def task_description(self):
+        return self.inner.task_description()
+
+    def step(self, action_text):
+        import time
+
+        self._actions.append(action_text)
+        if self.latency["median"] > 0:
+            time.sleep(latency_seconds((self._task_key, len(self._actions), tuple(self._actions)), **self.latency))
+        return self.inner.step(action_text)
+
+    def supports(self, capability: str) -> bool:
+        return self.inner.supports(capability)
+
+    def state_key(self):
+        return self.inner.state_key()
+
+    def snapshot(self):
+        return self.inner.snapshot(), self._task_key, list(self._actions)
+
+    def restore(self, snapshot):
+        inner, self._task_key, actions = snapshot
+        self._actions = list(actions)
+        self.inner.restore(inner)
+
+    def close(self):
+        self.inner.close()
+
+
 # Programs for `python -c PROGRAM ARGS...` that run `trl-agents train ARGS...` with one run-level fault patched in
 # (tests/io/test_runlock.py, tests/training/test_preemption.py, benchmarks/faults_run.py).
 HELD_OPEN_TRAIN = """

@@ -57,6 +57,8 @@ def test_config_field_of_the_wrong_type(config_class, field, value, tmp_path):
         ("scale_rewards", "batch", "scale_rewards='batch' is not supported for agents"),
         ("env_kwargs", "{size: 4", "env_kwargs must be a dict or a JSON object string"),
         ("remove_unused_columns", True, "remove_unused_columns=True would strip the task columns"),
+        ("rollout_schedule", "async", "rollout_schedule must be one of 'lockstep', 'task', 'free'"),
+        ("generation_window", -1.0, "generation_window must be a number of seconds >= 0 or None"),
     ],
 )
 def test_config_values_out_of_range(field, value, message, tmp_path):
@@ -115,3 +117,13 @@ def test_grpo_config_instead_of_agent_config(tiny_model, tokenizer, tmp_path):
 
 def test_cpu_defaults_do_not_ask_for_bf16(tmp_path):
     assert config(tmp_path).bf16 is False
+
+
+def test_free_scheduling_on_one_environment_thread_is_flagged(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        config(tmp_path, rollout_schedule="free")
+    assert "set env_workers to the episodes per rollout" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        config(tmp_path, rollout_schedule="free", env_workers=8)
+    assert "env_workers" not in caplog.text

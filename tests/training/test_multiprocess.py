@@ -129,6 +129,8 @@ def test_two_processes_train_like_one(case, runs, tiny_model_dir):
     # become means over chunks, which hold other rows with one process than with two; the loss, the advantages and
     # the update are still the same.
     per_call = ("entropy", "kl", "clip_ratio/") if case == "grpo_token_budget" else ()
+    if case.endswith("_free"):  # per-episode scheduling: how many generation calls depends on timing
+        per_call = (*per_call, "rollout/generation_calls")
     for entry_one, entry_two in zip(logs_one, logs_two, strict=True):
         assert entry_one.keys() == entry_two.keys()
         for key, value in entry_one.items():
@@ -181,3 +183,17 @@ def test_trl_agents_train_under_accelerate_launch(tmp_path):
     metrics = json.loads((output_dir / "metrics.json").read_text())
     assert [step for step, _ in metrics["warm_start"]["validation_success"]] == [5, 10]  # stopped at min_steps
     assert (output_dir / "model.safetensors").exists() and (output_dir / "learning_curve.png").exists()
+
+
+@pytest.mark.skipif(not {"grpo_seeded", "grpo_free"} <= set(CASES), reason="the per-episode scheduling cases are off")
+def test_per_episode_scheduling_gives_every_process_the_rows_of_lockstep(runs):
+    """With a seed per request, free scheduling (episodes advancing alone, env calls on 4 threads) saves, on each
+    process, the very rows lockstep saves: the same episodes, actions, rewards and advantages, in the same order."""
+    for run in runs:
+        lockstep, free = _rollout_files(run / "grpo_seeded"), _rollout_files(run / "grpo_free")
+        assert sorted(lockstep) == sorted(free)
+        for key, rows in lockstep.items():
+            assert len(free[key]) == len(rows) > 0, key
+            for row_free, row in zip(free[key], rows, strict=True):
+                differ = {name for name in row if row_free[name] != row[name]}
+                assert differ <= {"run_id", "config_hash"}, (key, differ)  # (run_id: each run has its own)

@@ -25,6 +25,12 @@ class RequestError(Exception):
         self.headers, self.body = headers or {}, body or {}
 
 
+class _Server(ThreadingHTTPServer):
+    # Real servers queue hundreds of pending connections (uvicorn: 2048); the standard library's 5 would reset the
+    # connections of a client that opens many at once (one request per episode).
+    request_queue_size = 1024
+
+
 class LoopbackHTTPServer:
     """Base of the loopback servers: subclasses implement `handle` and keep their state on `self`.
 
@@ -63,7 +69,7 @@ class LoopbackHTTPServer:
         return f"http://{host}:{port}"
 
     def start(self) -> Self:
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._http = _Server(("127.0.0.1", 0), _Handler)
         self._http.daemon_threads = True
         self._http.app = self
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -13,6 +13,11 @@ non-deterministic `reset` is an error, since group-relative credit would be mean
 raises, hangs past its timeout or whose worker dies fails its own episode (recorded with `Trajectory.error`,
 excluded from training, its earlier steps kept) and the others go on.
 
+That is the lockstep schedule (`schedule="lockstep"`, the default). With `schedule="free"` or `"task"` the same
+episodes are played by `EpisodeScheduler` (`rollout/scheduler.py`): each advances on its own, its environment calls
+and generation requests as futures, so no episode waits for the slowest one of its turn (docs/async.md); the
+per-episode steps below (`_prepare`, `_sample`, `_record`, `_apply_start`, ...) are shared by both.
+
 Environment calls go through the `EnvPool` (`rollout/env_pool.py`): the resets (or snapshot restores) of a batch
 of new episodes, and the steps of a turn, each form one phase that the pool runs in place, on threads, or in worker
 processes or Ray actors, with per-call timeouts. Results are applied in episode order, so a rollout does not depend
@@ -33,26 +38,47 @@ Example:
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..envs import INFO_SUCCESS, INFO_VALID, AgentEnv
-from ..envs.checks import step_violation
-from ..signals import EnvSignal, SignalError, Transition, get_signal
+from ..names import check_choice
+from ..signals import EnvSignal, Transition, get_signal
 from ..trajectory import Group, PromptParts, RolloutBatch, Step, Trajectory, task_id
-from .env_pool import EnvCallError, EnvPool
+from .env_pool import EnvPool
+from .episode import (
+    CONTRACT,
+    Episode,
+    SignalPlan,
+    Turn,
+    end_calls,
+    failure,
+    reset_calls,
+    restore_calls,
+    step_calls,
+)
 from .generators import Generator, SamplingParams
-from .prompts import PromptRenderer, PromptTooLongError, tool_texts
+from .prompts import PromptRenderer, PromptTooLongError
+from .scheduler import EpisodeScheduler
 from .topologies import Fork, IndependentTopology, Launch, RolloutView, Topology
 from .topologies.base import SUPERVISION, Hold, Stop
 
 logger = logging.getLogger(__name__)
 
 ROW_FORMATS = ("step", "conversation")
+ROLLOUT_SCHEDULES = ("lockstep", "task", "free")
+SEED_RANGE = 2**31  # sampling seeds are in [0, 2**31): what every backend (torch, vLLM requests) accepts
 _TOO_LONG_WARNED: set[int | None] = set()  # the prompt bounds whose failed episodes were explained (once each)
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logger.info(message)
 
 
 @dataclass(frozen=True)
@@ -76,42 +102,6 @@ class TurnProgress:
     failed: int
 
 
-@dataclass
-class _Episode:
-    env: AgentEnv
-    trajectory: Trajectory
-    task_index: int
-    system: str = ""
-    tools: tuple[str, ...] = ()  # the environment's tool schemas as JSON text (`AgentEnv.tools`)
-    observation: str = ""
-    first_observation: str = ""  # what reset returned (checked equal across the episodes of a task)
-    history: list[tuple[str, str]] = field(default_factory=list)
-    context_ids: list[int] = field(default_factory=list)  # conversation format: everything so far
-    finished: bool = False
-    state_values: dict[str, Any] = field(default_factory=dict)  # "transition" signals of the current state
-    role: str = ""  # the role acting next (two-role environments)
-    action_prefix: list[int] = field(default_factory=list)  # token-level fork: the next action starts with these
-    prefix_logprobs: list[float] = field(default_factory=list)
-    held: bool = False  # paused by the topology (`Hold`): skips turns until resumed
-    forced_actions: tuple[str, ...] | None = None  # `Launch(forced_actions=...)`: given actions, no sampling
-    hint: str | None = None  # `Launch(hint=...)`: appended to the system message of the sampling prompt only
-
-    @property
-    def supervision(self) -> str | None:
-        return "forced" if self.forced_actions is not None else "hinted" if self.hint is not None else None
-
-
-@dataclass(frozen=True)
-class _SignalPlan:
-    """The environment signals to compute in an environment call, by timing (module-level data: it pickles)."""
-
-    transition: tuple[EnvSignal, ...] = ()
-    before_step: tuple[EnvSignal, ...] = ()
-    episode_end: tuple[EnvSignal, ...] = ()
-    snapshot: bool = False
-    role: bool = False
-
-
 class RolloutEngine:
     """Runs the episodes a topology asks for against environments, one batched generation call per turn.
 
@@ -133,7 +123,22 @@ class RolloutEngine:
         signal_fn: `signal_fn(name, trajectories)` computes a model signal on recorded steps; topologies that need
             one mid-rollout (e.g. to rank branch points) call it through their `RolloutView`.
         on_turn: Called with a `TurnProgress` once the environments are reset and after every turn (e.g.
-            `RolloutProgress.update`, a live progress display).
+            `RolloutProgress.update`, a live progress display); under per-episode scheduling, as episodes advance
+            (at most every `PROGRESS_INTERVAL` seconds), with `turn` the most turns any episode has played.
+        schedule: `"lockstep"` (every active episode plays turn t, in one generation call, before any plays t+1),
+            or per-episode scheduling (`rollout/scheduler.py`): `"free"` lets every episode advance alone, `"task"`
+            keeps a turn barrier per task. A topology runs under the stricter of this and its own
+            `Topology.schedule` class (`"task"` for a tree pruned per depth, lockstep for one that declares none).
+        deterministic_sampling: Give every generation request its own seed, a hash of (`seed`, rollout, task,
+            episode, turn), so what a turn samples does not depend on the other requests of its call (the generator
+            must declare `per_request_seeds`). None: on under per-episode scheduling when the generator supports
+            it, off under lockstep (today's sampling from the global random state).
+        seed: The run seed in the request seeds.
+        generation_window: Per-episode scheduling with a batch generator: the longest a request waits for others
+            to join its generation call while environment calls are still running (seconds); None: the fixed cost
+            of one call, measured as the rollout goes (`CallCost`).
+        model_signals_collective: The `signal_fn` forwards are collectives (FSDP, DeepSpeed ZeRO-3): a topology that
+            computes model signals mid-rollout then runs in lockstep, so every process asks for them together.
     """
 
     def __init__(
@@ -150,11 +155,33 @@ class RolloutEngine:
         topology: Topology | None = None,
         signal_fn: Callable[[str, list[Trajectory]], None] | None = None,
         on_turn: Callable[[TurnProgress], None] | None = None,
+        schedule: str = "lockstep",
+        deterministic_sampling: bool | None = None,
+        seed: int = 0,
+        generation_window: float | None = None,
+        model_signals_collective: bool = False,
     ):
         if row_format not in ROW_FORMATS:
             raise ValueError(f"row_format must be one of {ROW_FORMATS}, got {row_format!r}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        check_choice("schedule", schedule, ROLLOUT_SCHEDULES)
+        if generation_window is not None and not generation_window >= 0:
+            raise ValueError(f"generation_window must be a number of seconds >= 0 or None, got {generation_window!r}")
+        seeded = bool(getattr(generator, "per_request_seeds", False))
+        if deterministic_sampling and not seeded:
+            raise ValueError(
+                f"deterministic_sampling=True needs a generator that takes a seed per request; "
+                f"{type(generator).__name__} does not declare `per_request_seeds` (turn deterministic_sampling off)."
+            )
+        self.schedule = schedule
+        self.deterministic_sampling = (seeded and schedule != "lockstep") if deterministic_sampling is None \
+            else bool(deterministic_sampling)
+        self.seed = seed
+        self.generation_window = generation_window
+        self.model_signals_collective = model_signals_collective
+        self.rollout_index: int | str = 0  # the rollout played (in the request seeds): `run(rollout_index=)` or a count
+        self._runs = 0
         self.generator = generator
         self.renderer = renderer
         self.max_turns = max_turns
@@ -169,6 +196,7 @@ class RolloutEngine:
         self.on_turn = on_turn
         self.tokenizer = renderer.tokenizer
         self.eos_token_ids = set(getattr(generator, "eos_token_ids", [self.tokenizer.eos_token_id]))
+        self._plan_role = False
 
     @staticmethod
     def _env_signal(signal: str | EnvSignal) -> EnvSignal:
@@ -183,11 +211,11 @@ class RolloutEngine:
         return resolved
 
     @property
-    def _plan(self) -> _SignalPlan:
+    def _plan(self) -> SignalPlan:
         def timed(timing):
             return tuple(s for s in self.signals if s.timing == timing)
 
-        return _SignalPlan(
+        return SignalPlan(
             transition=timed("transition"),
             before_step=timed("before_step"),
             episode_end=timed("episode_end"),
@@ -195,45 +223,82 @@ class RolloutEngine:
             role=bool(getattr(self.generator, "routes_by_role", False)),
         )
 
-    def run(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> RolloutBatch:
+    @property
+    def effective_schedule(self) -> str:
+        """The scheduling class the next rollout runs under: `"global"` (lockstep), `"task"` or `"free"`."""
+        if self.schedule == "lockstep":
+            return "global"
+        ranks = {"global": 0, "task": 1, "free": 2}
+        declared = getattr(self.topology, "schedule", "global")
+        chosen = min(declared if declared in ranks else "global", self.schedule, key=ranks.__getitem__)
+        if chosen == "global":
+            return chosen
+        if self._collective and not getattr(self.generator, "request_level", False):
+            _log_once("The generator is a collective (every process must call it together), so per-episode "
+                      "scheduling is off: the rollout runs in lockstep.")
+            return "global"
+        if self.model_signals_collective and self.topology.model_signals:
+            _log_once(f"Topology {self.topology.name!r} computes model signals mid-rollout and they are collectives "
+                      "under sharded training (FSDP, ZeRO-3): the rollout runs in lockstep.")
+            return "global"
+        return chosen
+
+    def run(self, tasks: Sequence[dict[str, Any]], num_generations: int,
+            rollout_index: int | str | None = None) -> RolloutBatch:
         """Run the topology's episodes for `tasks` (`num_generations` per task with the default topology); return
-        one Group per task, in task order, its trajectories in creation order (`episode_id`)."""
+        one Group per task, in task order, its trajectories in creation order (`episode_id`). `rollout_index` (in
+        the request seeds of deterministic sampling) defaults to the number of rollouts this engine ran before."""
+        self.rollout_index = self._runs if rollout_index is None else rollout_index
+        self._runs += 1
         tasks = [dict(task) for task in tasks]
         groups = [Group(task=dict(task)) for task in tasks]
-        episodes: list[_Episode] = []
-        by_trajectory: dict[int, _Episode] = {}
-        stats = {"generated_tokens": 0.0, "env_steps": 0.0, "generation_calls": 0.0}
+        episodes: list[Episode] = []
+        by_trajectory: dict[int, Episode] = {}
+        stats = {"generated_tokens": 0.0, "env_steps": 0.0, "generation_calls": 0.0, "generation_seconds": 0.0}
         view = RolloutView(tasks, groups, lambda t: not by_trajectory[id(t)].finished, self.signal_fn,
                            self.max_turns, is_held=lambda t: by_trajectory[id(t)].held)
         plan = self._plan
+        self._plan_role = plan.role
+        schedule = self.effective_schedule
         try:
-            self._serve(self.topology.begin(tasks, num_generations), groups, episodes, by_trajectory, plan)
-            self._report(0, episodes)
-            while True:
-                active = [episode for episode in episodes if not episode.finished and not episode.held]
-                if not self._any_active(active):
-                    # Nothing left to play (on any process, with a collective generator: so every process asks its
-                    # topology at the same moment, and a model signal it runs does not interleave with another
-                    # process's generation call).
-                    self._serve(self.topology.when_idle(view), groups, episodes, by_trajectory, plan)
-                    active = [episode for episode in episodes if not episode.finished and not episode.held]
-                    if not self._any_active(active):
-                        break
-                self._turn(active, plan, stats)
-                view.turn += 1
-                self._serve(self.topology.after_turn(view), groups, episodes, by_trajectory, plan)
-                self._report(view.turn, episodes)
-            held = [episode for episode in episodes if not episode.finished]  # still held: they end with the rollout
-            if held:
-                self._end_between_turns(held, plan)
+            if schedule == "global":
+                self._lockstep(tasks, num_generations, groups, episodes, by_trajectory, view, plan, stats)
+            else:
+                EpisodeScheduler(self, schedule, groups, episodes, by_trajectory, view, plan, stats).play(
+                    tasks, num_generations)
         finally:
             for episode in episodes:
-                self.env_pool.release(episode.env)
+                if episode.busy:  # a call may still be running in it (the rollout raised): never reuse it
+                    self.env_pool.discard(episode.env)
+                else:
+                    self.env_pool.release(episode.env)
         stats["episodes"] = float(len(episodes))
         stats.update({f"topology/{k}": float(v) for k, v in self.topology.stats(view).items()})
         return RolloutBatch(groups=groups, stats=stats)
 
-    def _report(self, turns_played: int, episodes: list[_Episode]) -> None:
+    def _lockstep(self, tasks, num_generations, groups, episodes, by_trajectory, view, plan, stats) -> None:
+        """Play the rollout turn by turn: every active episode's turn in one generation call and one pool phase."""
+        self._serve(self.topology.begin(tasks, num_generations), groups, episodes, by_trajectory, plan)
+        self._report(0, episodes)
+        while True:
+            active = [episode for episode in episodes if not episode.finished and not episode.held]
+            if not self._any_active(active):
+                # Nothing left to play (on any process, with a collective generator: so every process asks its
+                # topology at the same moment, and a model signal it runs does not interleave with another
+                # process's generation call).
+                self._serve(self.topology.when_idle(view), groups, episodes, by_trajectory, plan)
+                active = [episode for episode in episodes if not episode.finished and not episode.held]
+                if not self._any_active(active):
+                    break
+            self._turn(active, plan, stats)
+            view.turn += 1
+            self._serve(self.topology.after_turn(view), groups, episodes, by_trajectory, plan)
+            self._report(view.turn, episodes)
+        held = [episode for episode in episodes if not episode.finished]  # still held: they end with the rollout
+        if held:
+            self._end_between_turns(held, plan)
+
+    def _report(self, turns_played: int, episodes: list[Episode]) -> None:
         if self.on_turn is None:
             return
         finished = [episode.trajectory for episode in episodes if episode.finished]
@@ -252,7 +317,7 @@ class RolloutEngine:
     def _collective(self) -> bool:
         return bool(getattr(self.generator, "collective", False))
 
-    def _any_active(self, active: list[_Episode]) -> bool:
+    def _any_active(self, active: list[Episode]) -> bool:
         """Whether to play another turn. A collective generator (vLLM server mode under several processes) needs
         every process to call it the same number of times per turn, so the loop goes on, with empty prompt lists on
         the processes whose episodes have all finished, until no process has an active episode; only then do the
@@ -263,9 +328,23 @@ class RolloutEngine:
 
     # ---- new episodes: launches (reset) and forks (restore) -------------------------------------------------------
 
-    def _serve(self, requests, groups, episodes, by_trajectory, plan: _SignalPlan) -> None:
+    def _serve(self, requests, groups, episodes, by_trajectory, plan: SignalPlan) -> None:
         """Carry out the topology's requests: end the stopped episodes (their episode-end signals in one pool phase),
         then create the new ones: one pool phase resets the launched ones, one restores the forked ones."""
+        launched, forked, stopped = self._create(requests, groups, episodes, by_trajectory)
+        if stopped:
+            self._end_between_turns(stopped, plan)
+        if launched:
+            self._start(launched, plan)
+            for index in sorted({episode.task_index for episode in launched}):
+                self._check_identical_starts(groups[index], by_trajectory)
+        if forked:
+            self._fork(forked, plan)
+
+    def _create(self, requests, groups, episodes, by_trajectory):
+        """Apply the topology's `Hold`s and make the episodes its `Launch`es and `Fork`s ask for (environment
+        acquired, trajectory appended to its group: episode ids follow the order of the requests, never the order in
+        which calls finish); return (launched, forked as (episode, parent, request), stopped) for the caller to run."""
         launched, forked, stopped = [], [], []
         for request in requests:
             if isinstance(request, Hold):  # pause / resume an active episode
@@ -283,7 +362,7 @@ class RolloutEngine:
             for _ in range(request.count):
                 env = self.env_pool.acquire(group.task)  # appended at once: released in `finally` whatever fails
                 trajectory = Trajectory(task=dict(group.task), episode_id=len(group.trajectories))
-                episode = _Episode(env=env, trajectory=trajectory, task_index=request.task_index)
+                episode = Episode(env=env, trajectory=trajectory, task_index=request.task_index)
                 group.trajectories.append(trajectory)
                 episodes.append(episode)
                 by_trajectory[id(trajectory)] = episode
@@ -298,82 +377,87 @@ class RolloutEngine:
                     parent = by_trajectory[id(group.trajectory(request.episode_id))]
                     trajectory.parent_id, trajectory.fork_step = request.episode_id, request.step
                     forked.append((episode, parent, request))
-        if stopped:
-            self._end_between_turns(stopped, plan)
-        if launched:
-            self._start(launched, plan)
-            for index in sorted({episode.task_index for episode in launched}):
-                self._check_identical_starts(groups[index], by_trajectory)
-        if forked:
-            self._fork(forked, plan)
+        return launched, forked, stopped
 
-    def _start(self, episodes: list[_Episode], plan: _SignalPlan) -> None:
+    def _start(self, episodes: list[Episode], plan: SignalPlan) -> None:
         """Reset every episode's environment (one `EnvPool.run` phase: concurrently where the pool says so)."""
-        calls = [(episode.env, _reset_calls, (episode.trajectory.task, plan)) for episode in episodes]
+        calls = [(episode.env, reset_calls, (episode.trajectory.task, plan)) for episode in episodes]
         for episode, start in zip(episodes, self.env_pool.run(calls, "reset"), strict=True):
-            if isinstance(start, BaseException) or start.error is not None:
-                self._fail(episode, _failure("reset", start))
-                continue
-            episode.observation = episode.first_observation = start.observation
-            episode.system = start.instructions if self.system_prompt is None else self.system_prompt
-            episode.tools = start.tools
-            episode.trajectory.task_text = start.task_text
-            episode.state_values = start.state_values
-            episode.role = start.role
-            if self.row_format == "conversation":
-                try:
-                    episode.context_ids = self.renderer.conversation_prompt_ids(
-                        episode.system, episode.trajectory.task_text, episode.observation, episode.tools
-                    )
-                except PromptTooLongError as err:  # a first observation longer than the prompt budget
-                    self._fail_too_long(episode, err)
-                except Exception as err:  # noqa: BLE001
-                    self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
+            self._apply_start(episode, start)
 
-    def _fork(self, forked: list[tuple[_Episode, _Episode, Fork]], plan: _SignalPlan) -> None:
+    def _apply_start(self, episode: Episode, start) -> None:
+        """Set an episode up from what its reset calls (`reset_calls`) returned."""
+        if isinstance(start, BaseException) or start.error is not None:
+            self._fail(episode, failure("reset", start))
+            return
+        episode.observation = episode.first_observation = start.observation
+        episode.system = start.instructions if self.system_prompt is None else self.system_prompt
+        episode.tools = start.tools
+        episode.trajectory.task_text = start.task_text
+        episode.state_values = start.state_values
+        episode.role = start.role
+        if self.row_format == "conversation":
+            try:
+                episode.context_ids = self.renderer.conversation_prompt_ids(
+                    episode.system, episode.trajectory.task_text, episode.observation, episode.tools
+                )
+            except PromptTooLongError as err:  # a first observation longer than the prompt budget
+                self._fail_too_long(episode, err)
+            except Exception as err:  # noqa: BLE001
+                self._fail(episode, f"reset failed: {type(err).__name__}: {err}")
+
+    def _fork(self, forked: list[tuple[Episode, Episode, Fork]], plan: SignalPlan) -> None:
         """Put every new episode in the state before step `request.step` of its parent: restore the parent's
         snapshot (one pool phase), share the parent's earlier steps, copy its prompt state."""
-        calls = []
-        transition_names = {signal.name for signal in plan.transition}
-        for episode, parent, request in forked:
-            steps = parent.trajectory.steps
-            if not 0 <= request.step < len(steps):
-                raise ValueError(
-                    f"topology {self.topology.name!r} forked at step {request.step} of an episode with "
-                    f"{len(steps)} steps"
-                )
-            snapshot = steps[request.step].snapshot
-            if snapshot is None:
-                raise ValueError(
-                    f"topology {self.topology.name!r} forked at step {request.step}, which has no environment "
-                    "snapshot: set `needs_snapshots = True` on the topology (or record_snapshots=True)."
-                )
-            calls.append((episode.env, _restore_calls, (snapshot, plan)))
+        calls = [self._fork_call(episode, parent, request, plan) for episode, parent, request in forked]
         for (episode, parent, request), outcome in zip(forked, self.env_pool.run(calls, "reset"), strict=True):
-            step = parent.trajectory.steps[request.step]
-            trajectory = episode.trajectory
-            trajectory.parent_id, trajectory.fork_step = parent.trajectory.episode_id, request.step
-            trajectory.steps = parent.trajectory.steps[: request.step]  # the shared prefix: the same Step objects
-            trajectory.task_text = parent.trajectory.task_text
-            if isinstance(outcome, BaseException) or outcome.error is not None:
-                self._fail(episode, _failure("restore", outcome))
-                continue
-            episode.system, episode.observation, episode.tools = parent.system, step.observation, parent.tools
-            episode.history = list(parent.history[: request.step])
-            episode.state_values = {n: step.signals[n].before for n in transition_names if n in step.signals}
-            episode.role = outcome.role
-            if self.row_format == "conversation":
-                episode.context_ids = list(step.prompt_ids)
-            if request.action_prefix:
-                prefix = list(request.action_prefix)
-                if list(step.action_ids[: len(prefix)]) == prefix:
-                    episode.prefix_logprobs = list(step.action_logprobs[: len(prefix)])
-                else:  # a prefix the parent did not generate: no sampling log-probs to copy
-                    episode.prefix_logprobs = [float("nan")] * len(prefix)
-                episode.action_prefix = prefix
+            self._apply_fork(episode, parent, request, outcome, plan)
 
-    def _check_identical_starts(self, group: Group, by_trajectory: dict[int, _Episode]) -> None:
-        members = [by_trajectory[id(t)] for t in group.trajectories if t.parent_id is None]
+    def _fork_call(self, episode: Episode, parent: Episode, request: Fork, plan: SignalPlan):
+        """The restore call of a fork (a ValueError when the topology forked where it cannot)."""
+        steps = parent.trajectory.steps
+        if not 0 <= request.step < len(steps):
+            raise ValueError(
+                f"topology {self.topology.name!r} forked at step {request.step} of an episode with {len(steps)} steps"
+            )
+        snapshot = steps[request.step].snapshot
+        if snapshot is None:
+            raise ValueError(
+                f"topology {self.topology.name!r} forked at step {request.step}, which has no environment "
+                "snapshot: set `needs_snapshots = True` on the topology (or record_snapshots=True)."
+            )
+        return episode.env, restore_calls, (snapshot, plan)
+
+    def _apply_fork(self, episode: Episode, parent: Episode, request: Fork, outcome, plan: SignalPlan) -> None:
+        """Share the parent's first `request.step` steps and copy its prompt state, once the snapshot is restored."""
+        transition_names = {signal.name for signal in plan.transition}
+        step = parent.trajectory.steps[request.step]
+        trajectory = episode.trajectory
+        trajectory.parent_id, trajectory.fork_step = parent.trajectory.episode_id, request.step
+        trajectory.steps = parent.trajectory.steps[: request.step]  # the shared prefix: the same Step objects
+        trajectory.task_text = parent.trajectory.task_text
+        if isinstance(outcome, BaseException) or outcome.error is not None:
+            self._fail(episode, failure("restore", outcome))
+            return
+        episode.system, episode.observation, episode.tools = parent.system, step.observation, parent.tools
+        episode.history = list(parent.history[: request.step])
+        episode.state_values = {n: step.signals[n].before for n in transition_names if n in step.signals}
+        episode.role = outcome.role
+        if self.row_format == "conversation":
+            episode.context_ids = list(step.prompt_ids)
+        if request.action_prefix:
+            prefix = list(request.action_prefix)
+            if list(step.action_ids[: len(prefix)]) == prefix:
+                episode.prefix_logprobs = list(step.action_logprobs[: len(prefix)])
+            else:  # a prefix the parent did not generate: no sampling log-probs to copy
+                episode.prefix_logprobs = [float("nan")] * len(prefix)
+            episode.action_prefix = prefix
+
+    def _check_identical_starts(self, group: Group, by_trajectory: dict[int, Episode],
+                                members: list[Episode] | None = None) -> None:
+        """Raise when the root episodes of a task (or `members`: those whose reset has returned) started apart."""
+        if members is None:
+            members = [by_trajectory[id(t)] for t in group.trajectories if t.parent_id is None]
         starts = {episode.first_observation for episode in members if not episode.trajectory.failed}
         if len(starts) > 1:
             raise ValueError(
@@ -385,7 +469,7 @@ class RolloutEngine:
 
     # ---- one turn --------------------------------------------------------------------------------------------------
 
-    def _prompt(self, episode: _Episode) -> tuple[list[int], PromptParts]:
+    def _prompt(self, episode: Episode) -> tuple[list[int], PromptParts]:
         trajectory = episode.trajectory
         if self.row_format == "conversation":
             first = trajectory.steps[0].prompt_parts if trajectory.steps else None
@@ -395,89 +479,104 @@ class RolloutEngine:
                                               episode.observation, episode.tools)
         return ids, PromptParts(episode.system, trajectory.task_text, tuple(kept), episode.observation, episode.tools)
 
-    def _turn(self, active: list[_Episode], plan: _SignalPlan, stats: dict[str, float]) -> None:
-        prompts, parts, ready, ended, recorded = [], [], [], [], []
-        forced, forced_prompts, forced_parts = [], [], []
-        limit = self.renderer.max_prompt_length
+    def _prepare(self, episode: Episode) -> Turn | None:
+        """An episode's next turn: its prompts, or None when it ended without one (failed: its prompt cannot be
+        built; `ended`: a conversation outgrew its context, or a forced episode ran out of actions; the caller then
+        runs its episode-end calls)."""
+        try:
+            prompt_ids, prompt_parts = self._prompt(episode)
+            sampling_ids = self._hinted_prompt(episode) if episode.hint is not None else prompt_ids
+        except PromptTooLongError as err:  # a step prompt longer than max_prompt_length even without history
+            self._fail_too_long(episode, err)
+            return None
+        except ValueError as err:
+            self._fail(episode, str(err))
+            return None
+        limit, played, given = self.renderer.max_prompt_length, len(episode.trajectory.steps), episode.forced_actions
+        ended = (limit is not None and len(prompt_ids) > limit  # a conversation outgrew its context: truncate it
+                 or given is not None and played >= len(given))  # a forced episode out of actions
+        forced = None if ended or given is None else given[played]
+        return Turn(episode, prompt_ids, prompt_parts, sampling_ids + episode.action_prefix, forced, ended)
+
+    def _seed(self, episode: Episode) -> int:
+        """The sampling seed of an episode's next turn: a hash of (run seed, rollout, task, episode, turn), so what
+        a turn samples does not depend on which other requests share its generation call, or when it is made."""
+        trajectory = episode.trajectory
+        key = (f"{self.seed}:{self.rollout_index}:{task_id(trajectory.task)}:{trajectory.episode_id}:"
+               f"{len(trajectory.steps)}")
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % SEED_RANGE
+
+    def _sample(self, turns: list[Turn]):
+        """One generation call for `turns` (a collective generator is called with none too); their sampled ids and
+        log-probs, each after its episode's action prefix."""
+        prompts = [turn.sampling_ids for turn in turns]
+        kwargs: dict[str, Any] = {}
+        if self._plan_role:
+            kwargs["roles"] = [turn.episode.role for turn in turns]
+        if self.deterministic_sampling:
+            kwargs["seeds"] = [self._seed(turn.episode) for turn in turns]
+        output = self.generator.generate(prompts, self.sampling, **kwargs)
+        return [
+            (turn.episode.action_prefix + list(ids), turn.episode.prefix_logprobs + list(lps))
+            for turn, ids, lps in zip(turns, output.completion_ids, output.logprobs, strict=True)
+        ]
+
+    def _forced(self, turn: Turn) -> tuple[list[int], list[float], str]:
+        """A forced turn: the given action, tokenised and closed with EOS as a generated turn ends; no sampling
+        log-probs (NaN: nothing sampled these tokens)."""
+        ids = self.tokenizer.encode(turn.forced, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return ids, [float("nan")] * len(ids), turn.forced
+
+    def _step_call(self, turn: Turn, text: str, plan: SignalPlan):
+        """The environment calls of a turn. An episode's last turn (done, or out of turns) also runs the episode-end
+        signals where the env lives."""
+        episode = turn.episode
+        return episode.env, step_calls, (text, plan, len(episode.trajectory.steps) + 1 >= self.max_turns)
+
+    def _record(self, turn: Turn, action_ids, action_logprobs, text: str, outcome, plan: SignalPlan) -> None:
+        """Record a played turn whose environment calls returned `outcome`."""
+        episode = turn.episode
+        episode.action_prefix, episode.prefix_logprobs = [], []
+        step = Step(
+            observation=episode.observation,
+            action_text=text,
+            prompt_ids=turn.prompt_ids,
+            action_ids=action_ids,
+            action_logprobs=action_logprobs,
+            prompt_parts=turn.parts,
+        )
+        self._apply_action(episode, step, outcome, plan)
+        if episode.supervision is not None:
+            step.info[SUPERVISION] = episode.supervision
+
+    def _turn(self, active: list[Episode], plan: SignalPlan, stats: dict[str, float]) -> None:
+        ready, forced, ended = [], [], []
         for episode in active:
-            try:
-                prompt_ids, prompt_parts = self._prompt(episode)
-                sampling_ids = self._hinted_prompt(episode) if episode.hint is not None else prompt_ids
-            except PromptTooLongError as err:  # a step prompt longer than max_prompt_length even without history
-                self._fail_too_long(episode, err)
-                continue
-            except ValueError as err:
-                self._fail(episode, str(err))
-                continue
-            if limit is not None and len(prompt_ids) > limit:  # a conversation outgrew its context: truncate it
-                ended.append(episode)
-                continue
-            if episode.forced_actions is not None:
-                if len(episode.trajectory.steps) >= len(episode.forced_actions):  # out of forced actions
-                    ended.append(episode)
-                else:
-                    forced.append(episode)
-                    forced_prompts.append(prompt_ids)
-                    forced_parts.append(prompt_parts)
-                continue
-            prompts.append(sampling_ids + episode.action_prefix)
-            recorded.append(prompt_ids)
-            parts.append(prompt_parts)
-            ready.append(episode)
+            turn = self._prepare(episode)
+            if turn is not None:
+                (ended if turn.ended else forced if turn.forced is not None else ready).append(turn)
         if ended:
-            self._end_between_turns(ended, plan)
+            self._end_between_turns([turn.episode for turn in ended], plan)
         if not ready and not forced and not self._collective:
             return
+        played = []
         if ready or self._collective:
-            if plan.role:
-                output = self.generator.generate(prompts, self.sampling, roles=[episode.role for episode in ready])
-            else:
-                output = self.generator.generate(prompts, self.sampling)
+            started = time.perf_counter()
+            sampled = self._sample(ready)
+            stats["generation_seconds"] += time.perf_counter() - started
             stats["generation_calls"] += 1
-            stats["generated_tokens"] += sum(len(ids) for ids in output.completion_ids)
-            completions = [episode.action_prefix + list(ids) for episode, ids in zip(ready, output.completion_ids,
-                                                                                      strict=True)]
-            logprobs = [episode.prefix_logprobs + list(lps)
-                        for episode, lps in zip(ready, output.logprobs, strict=True)]
-        else:
-            completions, logprobs = [], []
-        stats["env_steps"] += len(ready) + len(forced)
-        # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
-        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True) if ready else []
-        for episode, prompt_ids, prompt_parts in zip(forced, forced_prompts, forced_parts, strict=True):
-            # A forced turn: the given action, tokenised and closed with EOS as a generated turn ends; no sampling
-            # log-probs (NaN: nothing sampled these tokens).
-            text = episode.forced_actions[len(episode.trajectory.steps)]
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-            ready.append(episode)
-            recorded.append(prompt_ids)
-            parts.append(prompt_parts)
-            completions.append(ids)
-            logprobs.append([float("nan")] * len(ids))
-            texts.append(text)
-        calls = [
-            # An episode's last turn (done, or out of turns) also runs the episode-end signals where the env lives.
-            (episode.env, _step_calls, (text, plan, len(episode.trajectory.steps) + 1 >= self.max_turns))
-            for episode, text in zip(ready, texts, strict=True)
-        ]
-        outcomes = self.env_pool.run(calls, "step")
-        for episode, prompt_ids, prompt_parts, action_ids, action_logprobs, text, outcome in zip(
-            ready, recorded, parts, completions, logprobs, texts, outcomes, strict=True
-        ):
-            episode.action_prefix, episode.prefix_logprobs = [], []
-            step = Step(
-                observation=episode.observation,
-                action_text=text,
-                prompt_ids=prompt_ids,
-                action_ids=action_ids,
-                action_logprobs=action_logprobs,
-                prompt_parts=prompt_parts,
-            )
-            self._apply_action(episode, step, outcome, plan)
-            if episode.supervision is not None:
-                step.info[SUPERVISION] = episode.supervision
+            stats["generated_tokens"] += sum(len(ids) - len(turn.episode.action_prefix)
+                                             for turn, (ids, _) in zip(ready, sampled, strict=True))
+            # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
+            texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True) if ready else []
+            played = [(turn, ids, lps, text) for turn, (ids, lps), text in zip(ready, sampled, texts, strict=True)]
+        played += [(turn, *self._forced(turn)) for turn in forced]
+        stats["env_steps"] += len(played)
+        outcomes = self.env_pool.run([self._step_call(turn, text, plan) for turn, _, _, text in played], "step")
+        for (turn, ids, lps, text), outcome in zip(played, outcomes, strict=True):
+            self._record(turn, ids, lps, text, outcome, plan)
 
-    def _hinted_prompt(self, episode: _Episode) -> list[int]:
+    def _hinted_prompt(self, episode: Episode) -> list[int]:
         """The step prompt an episode launched with a hint samples from: the hint after its system message."""
         trajectory = episode.trajectory
         system = f"{episode.system}\n\n{episode.hint}" if episode.system else episode.hint
@@ -485,14 +584,14 @@ class RolloutEngine:
                                            episode.tools)
         return ids
 
-    def _apply_action(self, episode: _Episode, step: Step, outcome, plan: _SignalPlan) -> None:
-        """Record the step whose environment calls (`_step_calls`) returned `outcome`."""
+    def _apply_action(self, episode: Episode, step: Step, outcome, plan: SignalPlan) -> None:
+        """Record the step whose environment calls (`step_calls`) returned `outcome`."""
         trajectory = episode.trajectory
         if not isinstance(outcome, BaseException):
             step.state_key, step.snapshot = outcome.state_key, outcome.snapshot
             step.signals.update(outcome.before)
         if isinstance(outcome, BaseException) or outcome.error is not None:
-            message = _failure("step", outcome)
+            message = failure("step", outcome)
             if not isinstance(outcome, BaseException) and outcome.error.startswith(CONTRACT):
                 message = (f"environment {episode.env.name!r} broke its contract on task {task_id(trajectory.task)}, "
                            f"episode {trajectory.episode_id}, step {len(trajectory.steps)}: {message}")
@@ -524,26 +623,30 @@ class RolloutEngine:
             )
             episode.context_ids = step.prompt_ids + step.action_ids + step.env_ids
 
-    def _end_between_turns(self, episodes: list[_Episode], plan: _SignalPlan) -> None:
+    def _end_between_turns(self, episodes: list[Episode], plan: SignalPlan) -> None:
         """Episodes that end without a step of their own (a conversation that outgrew its context): their
         episode-end signals in one pool phase, where the environments live."""
         if not plan.episode_end:
             for episode in episodes:
                 episode.finished = True
             return
-        calls = [(episode.env, _end_calls, (plan,)) for episode in episodes]
+        calls = [(episode.env, end_calls, (plan,)) for episode in episodes]
         for episode, outcome in zip(episodes, self.env_pool.run(calls, "step"), strict=True):
-            episode.finished = True
-            if isinstance(outcome, BaseException):
-                self._fail(episode, _failure("step", outcome))
-                continue
-            values, error = outcome
-            if error is not None:
-                self._fail(episode, error)
-            elif episode.trajectory.steps:
-                episode.trajectory.steps[-1].signals.update(values)
+            self._apply_end(episode, outcome)
 
-    def _fail_too_long(self, episode: _Episode, err: PromptTooLongError) -> None:
+    def _apply_end(self, episode: Episode, outcome) -> None:
+        """Finish an episode that ended between turns, with what its episode-end calls (`end_calls`) returned."""
+        episode.finished = True
+        if isinstance(outcome, BaseException):
+            self._fail(episode, failure("step", outcome))
+            return
+        values, error = outcome
+        if error is not None:
+            self._fail(episode, error)
+        elif episode.trajectory.steps:
+            episode.trajectory.steps[-1].signals.update(values)
+
+    def _fail_too_long(self, episode: Episode, err: PromptTooLongError) -> None:
         """Fail an episode whose prompt does not fit in `max_prompt_length`; the first time in this process for this
         bound, also say in a warning what it is and how to change it (the episodes' own warnings then follow)."""
         limit = self.renderer.max_prompt_length
@@ -553,7 +656,7 @@ class RolloutEngine:
                            "error, not trained on); the first: %s", err)
         self._fail(episode, str(err))
 
-    def _fail(self, episode: _Episode, message: str) -> None:
+    def _fail(self, episode: Episode, message: str) -> None:
         trajectory = episode.trajectory
         logger.warning("Episode %d of task %s failed: %s", trajectory.episode_id, trajectory.task, message)
         episode.trajectory.error = message
@@ -561,146 +664,3 @@ class RolloutEngine:
         episode.finished = True
 
 
-# ---- the environment calls of one reset / restore / turn, run where the environment lives (`EnvPool.run`) ----------
-
-
-@dataclass
-class _EnvStart:
-    observation: str = ""
-    instructions: str = ""
-    tools: tuple[str, ...] = ()
-    task_text: str = ""
-    state_values: dict[str, Any] = field(default_factory=dict)
-    role: str = ""
-    error: str | None = None  # "ValueError: ..." when an environment call raised
-
-
-@dataclass
-class _EnvTurn:
-    state_key: Any = None
-    snapshot: Any = None
-    observation: str = ""
-    reward: float = 0.0
-    done: bool = False
-    valid: bool = True
-    success: bool = False
-    history_action: str = ""  # the env's canonical action when it gives one (verl-agent stores the parsed action)
-    info: dict[str, Any] = field(default_factory=dict)
-    before: dict[str, Any] = field(default_factory=dict)  # "before_step" signals
-    after: dict[str, Any] = field(default_factory=dict)  # "transition" signals of the state after the step
-    end: dict[str, Any] | None = None  # "episode_end" signals, after the episode's last step
-    role: str = ""
-    signal_error: str | None = None  # a signal that failed after the step (fails the episode, keeps the step)
-    error: str | None = None
-
-
-def _evaluate(env: AgentEnv, signals: Sequence[EnvSignal]) -> dict[str, Any]:
-    """`{name: signal.fn(env)}`; a failing signal raises a SignalError naming it."""
-    values = {}
-    for signal in signals:
-        try:
-            values[signal.name] = signal.fn(env)
-        except Exception as err:
-            raise SignalError(f"signal {signal.name!r} failed: {type(err).__name__}: {err}") from err
-    return values
-
-
-def _reset_calls(env: AgentEnv, task: dict[str, Any], plan: _SignalPlan) -> _EnvStart:
-    start = _EnvStart()
-    try:
-        start.observation = env.reset(dict(task))
-        start.instructions = env.instructions
-        start.tools = tool_texts(getattr(env, "tools", ()))
-        start.task_text = env.task_description()
-        start.state_values = _evaluate(env, plan.transition)
-        if plan.role:
-            start.role = env.current_role()
-    except SignalError as err:
-        start.error = str(err)
-    except Exception as err:  # noqa: BLE001 — an env failure fails its episode, never the run
-        start.error = f"{type(err).__name__}: {err}"
-    return start
-
-
-def _restore_calls(env: AgentEnv, snapshot: Any, plan: _SignalPlan) -> _EnvStart:
-    start = _EnvStart()
-    try:
-        env.restore(snapshot)
-        if plan.role:
-            start.role = env.current_role()
-    except Exception as err:  # noqa: BLE001
-        start.error = f"{type(err).__name__}: {err}"
-    return start
-
-
-def _step_calls(env: AgentEnv, action_text: str, plan: _SignalPlan, last_turn: bool) -> _EnvTurn:
-    turn = _EnvTurn()
-    try:
-        if env.supports("state_key"):
-            turn.state_key = env.state_key()
-        if plan.snapshot and env.supports("snapshot"):
-            turn.snapshot = env.snapshot()
-        turn.before = _evaluate(env, plan.before_step)
-        outputs = env.step(action_text)
-        problem = (step_violation(*outputs) if isinstance(outputs, tuple) and len(outputs) == 4
-                   else f"step returned {type(outputs).__name__}, not (observation, reward, done, info)")
-        if problem is not None:
-            turn.error = f"{CONTRACT}{problem}"
-            return turn
-        observation, reward, done, info = outputs
-        info = dict(info)
-        turn.observation, turn.reward, turn.done = observation, float(reward), bool(done)
-        turn.valid, turn.success = bool(info.get(INFO_VALID, True)), bool(info.get(INFO_SUCCESS, False))
-        turn.history_action = str(info.get("action") or action_text.strip())
-        turn.info = _json_safe(info)  # also what lets the info travel back from a worker process
-    except SignalError as err:
-        turn.error = str(err)
-        return turn
-    except Exception as err:  # noqa: BLE001
-        turn.error = f"{type(err).__name__}: {err}"
-        return turn
-    try:  # after the step: a failing signal fails the episode but the step is recorded whole
-        turn.after = _evaluate(env, plan.transition)
-        if plan.role:
-            turn.role = env.current_role()
-        if turn.done or last_turn:
-            turn.end = _evaluate(env, plan.episode_end)
-    except SignalError as err:
-        turn.signal_error = str(err)
-    except Exception as err:  # noqa: BLE001
-        turn.signal_error = f"{type(err).__name__}: {err}"
-    return turn
-
-
-def _end_calls(env: AgentEnv, plan: _SignalPlan) -> tuple[dict[str, Any], str | None]:
-    try:
-        return _evaluate(env, plan.episode_end), None
-    except SignalError as err:
-        return {}, str(err)
-
-
-CONTRACT = "env contract: "  # the start of `_EnvTurn.error` when a step's outputs break the AgentEnv contract
-
-
-def _failure(kind: str, outcome: Any) -> str:
-    """The `Trajectory.error` of a failed reset, restore or step: the pool's own message (timeout, dead worker) or
-    what the environment raised."""
-    if isinstance(outcome, EnvCallError):
-        return str(outcome)
-    if isinstance(outcome, BaseException):
-        return f"{kind} failed: {type(outcome).__name__}: {outcome}"
-    if outcome.error.startswith("signal "):
-        return outcome.error
-    return f"{kind} failed: {outcome.error}"
-
-
-def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
-    """Keep what JSON can store (info is written to trajectory datasets); stringify the rest."""
-    safe = {}
-    for key, value in info.items():
-        try:
-            json.dumps(value)
-            safe[key] = value
-        except (TypeError, ValueError):
-            safe[key] = repr(value)
-    return safe

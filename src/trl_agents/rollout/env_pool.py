@@ -54,6 +54,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from ..envs import AgentEnv, get_env_class
@@ -191,6 +192,7 @@ class EnvPool:
         self._free: dict[str, list[Any]] = {}
         self._abandoned: dict[int, AgentEnv] = {}  # thread backend: environments whose call timed out
         self._threads = _ThreadRunner(num_workers) if backend == "thread" else None
+        self._collectors: _Collectors | None = None  # process/ray backends: threads waiting for submitted calls
         self._remote: weakref.WeakSet = weakref.WeakSet()  # every proxy handed out, to stop them all on close
         self._started_ray = False
         # Workers of a pool nobody closed still stop when it is garbage collected.
@@ -234,6 +236,12 @@ class EnvPool:
             return
         self._free.setdefault(env.name, []).append(env)
 
+    def discard(self, env: Any) -> None:
+        """Drop an environment a call may still be running in (a rollout that raised while its calls were in
+        flight): never handed out again; a `process`/`ray` worker is stopped."""
+        if self._abandoned.pop(id(env), None) is None and self.backend != "thread":
+            env.close()
+
     def run(self, calls: Sequence[EnvCall], kind: str) -> list[Any]:
         """Run `fn(env, *args)` for every `(env, fn, args)` of one phase, each where its environment lives.
 
@@ -251,6 +259,33 @@ class EnvPool:
             return self._run(calls, kind, timeout)
         finally:
             watchdog.cancel()
+
+    def submit(self, env: Any, fn: Callable[..., Any], args: tuple, kind: str) -> Future:
+        """Start `fn(env, *args)` where `env` lives and return at once: a `Future` whose result is the call's outcome
+        as `run` gives it (its return value, or the exception it raised, `EnvTimeoutError` after the `kind` timeout,
+        `EnvCallError` when the worker died); `result()` never raises for the call itself.
+
+        This is what per-episode scheduling uses: every episode's reset or step is its own future, so no call waits
+        for another's. On the `thread` backend at most `num_workers` calls run at once (environments with
+        `thread_safe = False` one at a time on a thread of their own), each timed from its start, never on the calling
+        thread; on `process` and `ray` every environment runs in its own worker, so all calls run at once.
+        """
+        timeout = self.timeouts.get(kind)
+        future: Future = Future()
+        if self.backend == "thread":
+            def abandon(done: Future) -> None:  # a call that timed out keeps its thread: never hand the env out again
+                if isinstance(done.result(), EnvTimeoutError):
+                    self._abandoned[id(env)] = env
+
+            future.add_done_callback(abandon)
+            self._threads.submit(functools.partial(fn, env, *args), not getattr(env, "thread_safe", True), timeout,
+                                 kind, future)
+            return future
+        env.submit(fn, args)  # its worker starts now; a thread waits for the answer
+        if self._collectors is None:
+            self._collectors = _Collectors()
+        self._collectors.start(functools.partial(_outcome, functools.partial(env.collect, timeout, kind)), future)
+        return future
 
     def _run(self, calls: Sequence[EnvCall], kind: str, timeout: float | None) -> list[Any]:
         if self.backend == "thread":
@@ -271,6 +306,9 @@ class EnvPool:
         """Close every free environment and stop the pool's threads and workers (environments still handed out are
         closed as well on the `process`/`ray` backends). Idempotent."""
         _close_all(self._free, self._remote, self._threads)
+        if self._collectors is not None:
+            self._collectors.close()
+            self._collectors = None
         if self._started_ray:
             import ray
 
@@ -370,6 +408,56 @@ class _Phase:
             self.changed.notify_all()
 
 
+class _Job:
+    """A call of `EnvPool.submit` on the thread backend: its future, and when and on which thread it started (the
+    `_Phase` interface the worker threads call)."""
+
+    def __init__(self, future: Future, timeout: float | None, kind: str):
+        self.future, self.timeout, self.kind = future, timeout, kind
+        self.started: float | None = None
+        self.thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._runner_wake: Callable[[], None] | None = None
+
+    def start(self, index: int) -> None:
+        with self._lock:
+            self.started, self.thread = time.monotonic(), threading.current_thread()
+        if self.timeout is not None and self._runner_wake is not None:
+            self._runner_wake()
+
+    def finish(self, index: int, outcome: Any) -> None:
+        with self._lock:
+            if not self.future.done():  # a call that already timed out keeps its timeout outcome
+                self.future.set_result(outcome)
+
+    def expire(self) -> bool:
+        """Give the call its timeout outcome unless it finished first; whether it did."""
+        with self._lock:
+            if self.future.done():
+                return False
+            self.future.set_result(EnvTimeoutError(f"{self.kind} timed out after {self.timeout:g} s"))
+            return True
+
+
+class _Collectors:
+    """Threads that wait for the answers of calls submitted to `process`/`ray` workers (`EnvPool.submit`): one
+    thread per call in flight, reused."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._executor = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="trl-agents-env-collect")
+
+    def start(self, wait: Callable[[], Any], future: Future) -> None:
+        def run() -> None:
+            future.set_result(wait())  # `_outcome`: never raises
+
+        self._executor.submit(run)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
 class _ThreadRunner:
     """Runs calls on long-lived daemon threads, timing each out from the moment it starts: up to `num_workers` calls
     at once, except those marked serial (environments that are not thread-safe), which one dedicated thread runs one
@@ -386,6 +474,10 @@ class _ThreadRunner:
         self._abandoned: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._names = itertools.count()
+        self._timed: set[_Job] = set()  # submitted calls with a timeout, not yet done
+        self._timed_changed = threading.Condition(self._lock)
+        self._watcher: threading.Thread | None = None
+        self._closed = False
 
     def run(self, calls: list[tuple[Callable[[], Any], bool]], timeout: float | None, kind: str) -> list[Any]:
         """Outcomes of `(call, serial)` pairs, in order (see `EnvPool.run`)."""
@@ -416,9 +508,52 @@ class _ThreadRunner:
                     phase.changed.wait(wait)
         return phase.outcomes
 
+    def submit(self, call: Callable[[], Any], serial: bool, timeout: float | None, kind: str, future: Future) -> None:
+        """Run `call` on a worker thread (never the calling one) and put its outcome in `future`; past `timeout`
+        seconds from its start, the outcome is an `EnvTimeoutError` and its thread is abandoned (`EnvPool.submit`)."""
+        job = _Job(future, timeout, kind)
+        if timeout is not None:
+            job._runner_wake = self._wake_watcher
+        self._queues[serial].put((job, 0, call))
+        with self._lock:
+            wanted = 1 if serial else self.num_workers
+            if sum(is_serial == serial for is_serial in self._workers.values()) < wanted:
+                self._add_worker(serial)
+            if timeout is not None:
+                self._timed.add(job)
+                if self._watcher is None:
+                    self._watcher = threading.Thread(target=self._watch, name="trl-agents-env-timeouts", daemon=True)
+                    self._watcher.start()
+                self._timed_changed.notify()
+
+    def _wake_watcher(self) -> None:
+        with self._lock:
+            self._timed_changed.notify()
+
+    def _watch(self) -> None:
+        """Time out the running submitted calls (`submit`): one thread for all of them."""
+        with self._lock:
+            while not self._closed:
+                now, wait = time.monotonic(), None
+                for job in list(self._timed):
+                    if job.future.done():
+                        self._timed.discard(job)
+                    elif job.started is not None:
+                        left = job.started + job.timeout - now
+                        if left <= 0:
+                            self._timed.discard(job)
+                            if job.expire():
+                                self._abandon_locked(job.thread)
+                        else:
+                            wait = left if wait is None else min(wait, left)
+                    # (a queued call's clock starts when a thread takes it: `_Job.start` wakes this loop)
+                self._timed_changed.wait(wait)
+
     def close(self) -> None:
         """Stop the idle workers and wait for them (abandoned ones cannot be stopped; they are daemons)."""
         with self._lock:
+            self._closed = True
+            self._timed_changed.notify()
             workers = list(self._workers.items())
             for _, serial in workers:
                 self._queues[serial].put(None)
@@ -435,10 +570,13 @@ class _ThreadRunner:
 
     def _abandon(self, thread: threading.Thread) -> None:
         with self._lock:
-            serial = self._workers.pop(thread, None)
-            if serial is not None:
-                self._abandoned.add(thread)
-                self._add_worker(serial)
+            self._abandon_locked(thread)
+
+    def _abandon_locked(self, thread: threading.Thread | None) -> None:
+        serial = self._workers.pop(thread, None)
+        if serial is not None:
+            self._abandoned.add(thread)
+            self._add_worker(serial)
 
     def _work(self, jobs: queue.SimpleQueue) -> None:
         me = threading.current_thread()
@@ -446,7 +584,7 @@ class _ThreadRunner:
             item = jobs.get()
             if item is None:
                 return
-            phase, index, call = item
+            phase, index, call = item  # a `_Phase` of `run`, or a `_Job` of `submit`
             phase.start(index)
             try:
                 outcome = call()

@@ -32,6 +32,17 @@ gives the tokens of `model.generate` up to float rounding (tests/rollout/test_fa
 same loop runs without graphs). Log-probs are `log_softmax(raw logits / T)` of the sampled token, as in
 `TransformersGenerator`.
 
+Per-request seeds (`SeededSampler`, used by both the "static" and the "generate" backend): with one seed per prompt,
+sampling draws no random numbers from torch's generators. Each step takes the Gumbel-max rule,
+
+    token = argmax_v (scores[v] + G[v]),    G[v] = -log(-log(1 - U[v])),    U[v] = (h(seed, step, v) + 1/2) / 2**31,
+
+where `scores` are the processed scores `generate` samples from (repetition penalty, then temperature, top-k, top-p,
+min-p: softmax(scores) is the sampling distribution, filtered tokens are -inf), G is standard Gumbel noise, so the
+arg-max is an exact draw from softmax(scores), and h is a 31-bit integer hash of (the row's seed, the decode step,
+the token id) computed elementwise on the device (`_mix31`). The token a row gets depends on its scores and its seed
+only, not on the other rows, their order or earlier calls; the hash bits are the same on every device.
+
 Example (on CPU the decode steps run eagerly):
     >>> from trl_agents.testing import build_tiny_tokenizer, build_tiny_model
     >>> from trl_agents.rollout.generators import SamplingParams, TransformersGenerator
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,19 +187,26 @@ class StaticCacheDecoder:
         self._weights_key = None
 
     @torch.no_grad()
-    def generate(self, model, prompts: Sequence[Sequence[int]], generation_config) -> tuple[list, list]:
+    def generate(
+        self, model, prompts: Sequence[Sequence[int]], generation_config, seeds: Sequence[int] | None = None
+    ) -> tuple[list, list]:
         """Completion ids (cut after the first EOS) and their log-probs for every prompt.
 
         `generation_config` is the one `TransformersGenerator` passes to `model.generate`; it must ask for sampling
-        or greedy search (no beams, stop strings or time limits).
+        or greedy search (no beams, stop strings or time limits). `seeds` (one int per prompt) make sampling draw
+        each row's tokens from its own seed (`SeededSampler`) instead of torch's global generator; greedy search
+        ignores them.
         """
         device = next(model.parameters()).device
         if torch.is_autocast_enabled(device.type):
             raise NotImplementedError("the static backend does not run under autocast (graphs would capture casts)")
         config, processors = self._sampling_setup(model, generation_config, max(len(p) for p in prompts), device)
         temperature = config.temperature if config.do_sample and config.temperature else 1.0
+        sampler = None
+        if seeds is not None and config.do_sample:
+            sampler = SeededSampler(seeds, config.max_new_tokens, device)
         with _decode_attention(model):
-            tokens, logprobs, steps = self._decode(model, prompts, config, processors, temperature, device)
+            tokens, logprobs, steps = self._decode(model, prompts, config, processors, temperature, device, sampler)
         return cut_at_eos(tokens[:, -steps:].tolist(), logprobs[:, :steps].tolist(), self.eos_token_ids)
 
     # ---- sampling: the same set-up `generate` makes -----------------------------------------------------------------
@@ -195,20 +214,17 @@ class StaticCacheDecoder:
     def _sampling_setup(self, model, generation_config, prompt_width: int, device):
         from transformers.generation import GenerationMode
 
-        # The calls `model.generate` makes before its decoding loop, so processors and defaults match it exactly.
-        config, _ = model._prepare_generation_config(generation_config)
+        config, processors = sampling_processors(model, generation_config, prompt_width, device)
         mode = config.get_generation_mode()
         if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
             raise NotImplementedError(f"the static backend samples or decodes greedily, not {mode.value}")
         if config.stop_strings or config.max_time:
             raise NotImplementedError("the static backend stops on EOS ids and max_new_tokens only")
-        model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=device)
-        processors = model._get_logits_processor(config, input_ids_seq_length=prompt_width, device=device)
         return config, processors
 
     # ---- the decode loop ------------------------------------------------------------------------------------------
 
-    def _decode(self, model, prompts, config, processors, temperature, device):
+    def _decode(self, model, prompts, config, processors, temperature, device, sampler=None):
         rows, width, max_new = len(prompts), max(len(p) for p in prompts), config.max_new_tokens
         slot = self._slot(model, rows, width + max_new, device)
         # `tokens` is what `generate` calls input_ids: the left-padded prompts, then one column per step.
@@ -236,7 +252,9 @@ class StaticCacheDecoder:
         for step in range(max_new):
             raw = logits[:rows].to(dtype=torch.float32, copy=True)
             scores = processors(tokens[:, : width + step], raw)
-            if config.do_sample:
+            if sampler is not None:
+                next_tokens = sampler.sample(scores, step)
+            elif config.do_sample:
                 next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
             else:
                 next_tokens = torch.argmax(scores, dim=-1)
@@ -342,6 +360,127 @@ class StaticCacheDecoder:
         self._forward(model, slot, 1 + (3 * rows + positions) % 61, positions)
         slot.input_ids.copy_(1 + rows % 61)
         slot.positions.fill_(2)
+
+
+def sampling_processors(model, generation_config, prompt_width: int, device):
+    """The generation config and logits processors `model.generate` makes from `generation_config` before its
+    decoding loop (the same calls), so processors and defaults match it exactly."""
+    config, _ = model._prepare_generation_config(generation_config)
+    model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=device)
+    return config, model._get_logits_processor(config, input_ids_seq_length=prompt_width, device=device)
+
+
+# ---- per-request seeds: a row's tokens depend on its scores and its seed only ---------------------------------------
+
+_MASK31 = (1 << 31) - 1
+_MASK64 = (1 << 64) - 1
+# Odd multipliers below 2**31: a 31-bit value times one stays below 2**62, so int64 products are exact on any device.
+_MIX_MULTIPLIERS = (0x7FEB352D, 0x5BD1E995)
+
+
+def _mix31(x: torch.Tensor) -> torch.Tensor:
+    """Hash an int64 tensor of 31-bit values, in place: xor-shift / multiply rounds (murmur3's finaliser shape) on 31
+    bits, a bijection of [0, 2**31) whose output bits each flip with probability ~1/2 when any input bit flips."""
+    for multiplier, shift in zip(_MIX_MULTIPLIERS, (16, 15), strict=True):
+        x.bitwise_xor_(x >> shift).mul_(multiplier).bitwise_and_(_MASK31)
+    return x.bitwise_xor_(x >> 16)
+
+
+def _splitmix64(value: int) -> int:
+    """SplitMix64's output function: a well-mixed 64-bit integer from any integer (taken modulo 2**64)."""
+    z = (value + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class SeededSampler:
+    """Samples each row from its own seed by the Gumbel-max rule (module docstring): at decode step s, row r takes
+    argmax_v(scores[r, v] + G[r, s, v]), with standard Gumbel noise G that is a function of (seeds[r], s, v) alone.
+
+    The key of (seed, step) is `_mix31(_mix31(low ^ step) ^ high)` where (low, high) are two 31-bit parts of
+    SplitMix64(seed); the noise bits of token v are `_mix31(_mix31(v) ^ key)`.
+
+    Args:
+        seeds: One int per row (any size; taken modulo 2**64).
+        steps: Decode steps to make keys for (max_new_tokens).
+        device: Where the scores are.
+
+    Example:
+        >>> scores = torch.tensor([[0.0, 1.0, -float("inf")], [2.0, 0.0, 0.0]])
+        >>> a = SeededSampler([7, 8], steps=4, device="cpu").sample(scores, step=2)
+        >>> b = SeededSampler([8, 7], steps=4, device="cpu").sample(scores.flip(0), step=2)
+        >>> bool((a == b.flip(0)).all()), 2 in a.tolist()
+        (True, False)
+    """
+
+    def __init__(self, seeds: Sequence[int], steps: int, device):
+        mixed = [_splitmix64(operator.index(seed)) for seed in seeds]
+        low = torch.tensor([z & _MASK31 for z in mixed], dtype=torch.long, device=device)
+        high = torch.tensor([z >> 33 for z in mixed], dtype=torch.long, device=device)
+        step_ids = torch.arange(max(steps, 1), dtype=torch.long, device=device)
+        self.keys = _mix31(_mix31(low[:, None] ^ step_ids) ^ high[:, None])  # [rows, steps]
+        self._token_bits = torch.empty(0, dtype=torch.long, device=device)  # _mix31(token ids), per vocabulary size
+
+    def noise(self, step: int, vocab_size: int) -> torch.Tensor:
+        """[rows, vocab_size] float32 standard Gumbel noise of decode step `step`."""
+        if self._token_bits.numel() != vocab_size:
+            self._token_bits = _mix31(torch.arange(vocab_size, dtype=torch.long, device=self.keys.device))
+        bits = _mix31(self._token_bits ^ self.keys[:, step : step + 1])
+        # U in (0, 1) at 2**-31 resolution near 0, where the large noise values (the likely arg-max) come from; E =
+        # -log(1 - U) is Exp(1), -log(E) Gumbel(0, 1). The clamp keeps float32 rounding off U = 1 (E = inf).
+        uniform = bits.to(torch.float32).mul_(2.0**-31).add_(2.0**-32).clamp_(max=1.0 - 2.0**-24)
+        return uniform.neg_().log1p_().neg_().log_().neg_()
+
+    def sample(self, scores: torch.Tensor, step: int) -> torch.Tensor:
+        """The token of every row at decode step `step`: an exact draw from softmax(scores) per row."""
+        return torch.argmax(scores + self.noise(step, scores.shape[-1]), dim=-1)
+
+
+class SeededSamplingProcessor:
+    """A logits processor that turns `model.generate` with `do_sample=False` into seeded sampling: it applies the
+    sampling warpers `generate` would apply with `do_sample=True` (temperature, top-k, top-p, min-p, ...; the other
+    processors, e.g. the repetition penalty, `generate` applies before it in both modes), then adds the rows' Gumbel
+    noise, so generate's arg-max is `SeededSampler.sample`. The logits `generate` returns (`output_logits`) are the
+    raw ones, taken before any processor."""
+
+    def __init__(self, warpers: Callable, sampler: SeededSampler, prompt_width: int):
+        self.warpers = warpers
+        self.sampler = sampler
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = self.warpers(input_ids, scores)
+        return scores + self.sampler.noise(input_ids.shape[1] - self.prompt_width, scores.shape[-1])
+
+
+def seeded_sampling_processor(
+    model, generation_config, prompt_width: int, device, seeds: Sequence[int]
+) -> SeededSamplingProcessor:
+    """The `SeededSamplingProcessor` for sampling with `generation_config` (do_sample=True) from left-padded prompts
+    `prompt_width` wide; pass it to `model.generate` with the same config but `do_sample=False`."""
+    from transformers.generation import (
+        EpsilonLogitsWarper,
+        EtaLogitsWarper,
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopHLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        TypicalLogitsWarper,
+    )
+
+    config, processors = sampling_processors(model, generation_config, prompt_width, device)
+    if config.watermarking_config is not None:
+        raise NotImplementedError("per-request seeds do not support watermarking (it follows the warpers)")
+    # The processors `_get_logits_processor` adds only when do_sample=True, in its order.
+    warper_types = (
+        TemperatureLogitsWarper, TopHLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
+        TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper,
+    )
+    warpers = LogitsProcessorList(p for p in processors if isinstance(p, warper_types))
+    return SeededSamplingProcessor(warpers, SeededSampler(seeds, config.max_new_tokens, device), prompt_width)
 
 
 def paged_generate(

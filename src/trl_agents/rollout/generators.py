@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from ..names import check_choice
@@ -78,6 +78,15 @@ class Generator(Protocol):
       step, before the first rollout that follows the step.
     * `samples_off_policy` (bool): the generator samples from a copy of the weights (an inference engine), so the
       trainer applies TRL's importance-sampling correction (`vllm_importance_sampling_correction`).
+    * `per_request_seeds` (bool): `generate(prompts, sampling, seeds=None)` takes the keyword `seeds`, one int per
+      prompt (None: sample as without it). With seeds, the tokens sampled for a prompt depend only on its logits and
+      its seed, not on which other prompts are in the call, their order or earlier calls; so where the logits do not
+      depend on the batch (e.g. `batch_size=1`), a prompt's completion is the same bit for bit in any batch. Greedy
+      decoding ignores seeds.
+    * `request_level` (bool) and `submit(prompt_ids, sampling, seed=None) -> concurrent.futures.Future` (resolving
+      to a one-row `GenerationOutput`): the generator serves one request at a time and batches them itself (vLLM in
+      server mode: continuous batching). Per-episode scheduling (`rollout/scheduler.py`) then sends each episode's
+      turn as its own request instead of micro-batching `generate` calls; `close()` releases its threads.
     """
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput: ...
@@ -104,6 +113,12 @@ class TransformersGenerator:
     * `"auto"`: `"static"` on CUDA, `"generate"` elsewhere. If the static path fails (set-up or a call), it logs a
       warning and uses `"generate"` from then on; an explicitly chosen backend raises instead.
 
+    Per-request seeds (`per_request_seeds = True`): `generate(prompts, sampling, seeds=[...])` samples every prompt
+    from its own seed by the Gumbel-max rule of `fast_generation.SeededSampler`, on backends "generate" (greedy
+    `model.generate` plus a logits processor that applies the sampling warpers, then the seeded noise) and "static"
+    (the same rule in its decode loop), so the two give the same tokens for a seed up to float rounding; "paged"
+    refuses seeds. Without seeds, sampling draws from torch's global generator as `model.generate` does.
+
     Args:
         model: The causal LM, or None when `model_context` provides it.
         tokenizer: Gives the pad token id and the EOS id.
@@ -114,6 +129,8 @@ class TransformersGenerator:
         backend: One of `GENERATION_BACKENDS`.
         continuous_batching_config: Keyword arguments of `transformers.ContinuousBatchingConfig` (backend "paged").
     """
+
+    per_request_seeds = True
 
     def __init__(
         self,
@@ -147,9 +164,19 @@ class TransformersGenerator:
         self.active_backend: str | None = None  # the backend of the last call
         self._static_failed = False
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> GenerationOutput:
         import torch
 
+        if seeds is not None:
+            if len(seeds) != len(prompts):
+                raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+            if self.backend == "paged":
+                raise ValueError(
+                    "generation backend 'paged' cannot sample with per-request seeds (continuous batching draws from "
+                    "one random stream); use backend 'generate' or 'static', or turn off deterministic sampling."
+                )
         if not prompts:
             return GenerationOutput([], [])
         step = self.batch_size or len(prompts)
@@ -160,7 +187,8 @@ class TransformersGenerator:
             model.eval()  # no dropout while sampling
             try:
                 for start in range(0, len(prompts), step):
-                    ids, lps = self._generate_batch(model, prompts[start : start + step], sampling)
+                    batch_seeds = None if seeds is None else seeds[start : start + step]
+                    ids, lps = self._generate_batch(model, prompts[start : start + step], sampling, batch_seeds)
                     completion_ids.extend(ids)
                     logprobs.extend(lps)
             finally:
@@ -174,7 +202,7 @@ class TransformersGenerator:
             return "generate"
         return auto_backend(next(model.parameters()).device)
 
-    def _generate_batch(self, model, prompts, sampling: SamplingParams):
+    def _generate_batch(self, model, prompts, sampling: SamplingParams, seeds=None):
         from .fast_generation import StaticCacheDecoder, paged_generate
 
         config = self._generation_config(sampling)
@@ -186,7 +214,7 @@ class TransformersGenerator:
             try:
                 if self.static_decoder is None:
                     self.static_decoder = StaticCacheDecoder(self.pad_token_id, self.eos_token_ids)
-                return self.static_decoder.generate(model, prompts, config)
+                return self.static_decoder.generate(model, prompts, config, seeds)
             except Exception:
                 if self.backend != "auto":
                     raise
@@ -197,7 +225,7 @@ class TransformersGenerator:
                 self._static_failed = True
                 self.static_decoder = None  # frees its caches and graphs
                 self.active_backend = "generate"
-        return self._plain_generate(model, prompts, config, sampling)
+        return self._plain_generate(model, prompts, config, sampling, seeds)
 
     def _generation_config(self, sampling: SamplingParams):
         from transformers import GenerationConfig
@@ -216,18 +244,28 @@ class TransformersGenerator:
             output_logits=True,
         )
 
-    def _plain_generate(self, model, prompts, config, sampling: SamplingParams):
+    def _plain_generate(self, model, prompts, config, sampling: SamplingParams, seeds=None):
         import torch
 
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
+        extra = {}
+        if seeds is not None and not sampling.greedy:
+            from transformers.generation import LogitsProcessorList
+
+            from .fast_generation import seeded_sampling_processor
+
+            # Greedy search over the warped scores plus each row's Gumbel noise: a seeded sample (see the processor).
+            processor = seeded_sampling_processor(model, config, width, device, seeds)
+            extra["logits_processor"] = LogitsProcessorList([processor])
+            config = self._generation_config(replace(sampling, greedy=True))
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
         out = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config, **extra
         )
         new_tokens = out.sequences[:, width:]
         # Raw logits, so the log-probs are log_softmax(logits / T) whatever top-k/top-p filtering did (as in TRL).

@@ -237,6 +237,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 args.transformers_continuous_batching_config, "transformers_continuous_batching_config"),
         )
         self._last_loaded_step = -1  # TRL's tag: the step whose weights the generator holds (-1: not synced yet)
+        self._rollouts_at_step: tuple[tuple[str, int] | None, int] = (None, 0)  # (mode, step), rollouts there - 1
         self.env_pool = env_pool or EnvPool.from_config(args)
         self.last_rollout: RolloutBatch | None = None
         # Callables `keep(groups) -> list[bool]` applied to training rollouts after credit: a group they reject is not
@@ -438,7 +439,19 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             signals=self.env_signals, topology=self.rollout_topology if self.model.training else IndependentTopology(),
             signal_fn=self._signal_for_topology,
             on_turn=self.rollout_progress.update if self.rollout_progress else None,
+            schedule=self.args.rollout_schedule, deterministic_sampling=self.args.deterministic_sampling,
+            seed=self.args.seed, generation_window=self.args.generation_window,
+            model_signals_collective=(self.is_fsdp_enabled or self.is_deepspeed_enabled)
+            and self.accelerator.num_processes > 1,
         )
+
+    def _rollout_index(self, mode: str) -> str:
+        """The rollout's key in the request seeds: (mode, optimizer step, rollouts since that step), so a resumed run
+        samples its rollouts with the seeds the uninterrupted run used."""
+        step = self.state.global_step
+        count = self._rollouts_at_step[1] + 1 if self._rollouts_at_step[0] == (mode, step) else 0
+        self._rollouts_at_step = ((mode, step), count)
+        return f"{mode}:{step}:{count}"
 
     def _sync_generator_weights(self) -> None:
         """Push the weights to an inference engine once per optimizer step, before the step's first rollout (TRL
@@ -465,7 +478,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
             self.signal_phase.capturing = True
             try:
-                batch = self._engine().run(tasks, num_generations)  # the rollout
+                batch = self._engine().run(tasks, num_generations, rollout_index=self._rollout_index(mode))
             finally:
                 self.signal_phase.capturing = False
         self.last_rollout = batch

@@ -8,6 +8,7 @@ too: `as_dict` (dict-valued options from the command line), `cpu_only`, `check_f
 from __future__ import annotations
 
 import json
+import logging
 import typing
 import warnings
 from dataclasses import dataclass, field, fields
@@ -17,13 +18,15 @@ import torch
 from trl import GRPOConfig
 
 from ..names import check_choice
-from ..rollout.engine import ROW_FORMATS
+from ..rollout.engine import ROLLOUT_SCHEDULES, ROW_FORMATS
 from ..rollout.env_pool import check_execution_settings
 from ..rollout.decoding import shaping_options
 from ..rollout.generators import GENERATION_BACKENDS, Generator
 from ..rollout.topologies import TOPOLOGIES
 from ..signals import DEFAULT_TEMPLATE, TEACHER_KINDS
 from ..signals.views import check_source, check_template
+
+logger = logging.getLogger(__name__)
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 CREDIT_STATISTICS = ("trajectories", "step_rows")
@@ -74,6 +77,12 @@ class AgentGRPOConfig(GRPOConfig):
             before the episode fails; None = no limit.
         env_reset_timeout (`float` or `None`, *optional*): The same for resets.
         ray_address (`str` or `None`, *optional*): Ray cluster of the `"ray"` backend; None = a local instance.
+        rollout_schedule (`str`, *optional*, defaults to `"lockstep"`): How episodes advance: `"lockstep"`,
+            `"task"` or `"free"` (per-episode scheduling, `trl_agents.rollout.scheduler`).
+        deterministic_sampling (`bool` or `None`, *optional*): A sampling seed per generation request (None: on
+            under per-episode scheduling).
+        generation_window (`float` or `None`, *optional*): Per-episode scheduling: the longest a request waits for
+            others to join its generation call; None = the measured fixed cost of a call.
         topology (`str`, *optional*, defaults to `"independent"`): Which episodes a rollout runs (see
             [`~trl_agents.rollout.topologies`]): `"independent"`, `"adaptive"` or `"branching"`.
         topology_kwargs (`dict`, *optional*): Options of the topology (e.g. `{"max_group_size": 32}`).
@@ -199,6 +208,31 @@ class AgentGRPOConfig(GRPOConfig):
         "cluster (`ray start --head`) and use 'auto', so that they share it. trl-agents must be installed on every "
         "node."},
     )
+    rollout_schedule: str = field(
+        default="lockstep",
+        metadata={"help": "How the episodes of a rollout advance. 'lockstep': turn by turn, every active episode's "
+        "turn in one generation call, each turn waiting for the slowest environment call (near-optimal for fast "
+        "envs: the built-in puzzles). 'free': each episode advances alone (its reset, generation requests and steps "
+        "as they come; generation micro-batched, or one request per turn to a vLLM server), for envs whose steps "
+        "take long and vary (tools, sandboxes, services). 'task': a turn barrier per task. A topology runs under the "
+        "stricter of this and its own class (PATR: 'task'; 3SPO: lockstep). Give environments room to overlap: "
+        "env_workers >= episodes per rollout, or env_backend 'process'/'ray'. See docs/async.md."},
+    )
+    deterministic_sampling: bool | None = field(
+        default=None,
+        metadata={"help": "Give every generation request its own seed, a hash of (seed, rollout, task, episode, "
+        "turn), so what a turn samples does not depend on which requests share its generation call: rollouts are "
+        "reproducible under any schedule. None (our choice): on under 'free'/'task' scheduling, off under lockstep "
+        "(sampling from the global random state, as before). Needs the 'generate' or 'static' generation backend, or "
+        "vLLM server mode."},
+    )
+    generation_window: float | None = field(
+        default=None,
+        metadata={"help": "Per-episode scheduling with the built-in generator: the longest a generation request "
+        "waits for others to join its call while environment calls are still running (seconds). None (our choice): "
+        "the fixed cost of one generation call, measured during the rollout, which keeps small calls from paying "
+        "that cost again and again when it is large (docs/async.md)."},
+    )
     topology: str = field(
         default="independent",
         metadata={"help": "Which episodes a rollout runs (trl_agents.rollout.topologies): 'independent' (G episodes "
@@ -279,6 +313,14 @@ class AgentGRPOConfig(GRPOConfig):
             self.env_backend, self.env_workers, self.env_step_timeout, self.env_reset_timeout, self.ray_address,
             names=ENV_EXECUTION_FIELDS,
         )
+        check_choice("rollout_schedule", self.rollout_schedule, ROLLOUT_SCHEDULES)
+        if self.generation_window is not None and not self.generation_window >= 0:
+            raise ValueError(f"generation_window must be a number of seconds >= 0 or None (measured), got "
+                             f"{self.generation_window!r}")
+        if self.rollout_schedule != "lockstep" and self.env_backend == "thread" and self.env_workers == 1:
+            logger.warning("rollout_schedule=%r with env_backend='thread' and env_workers=1 runs one environment call "
+                           "at a time: set env_workers to the episodes per rollout (or env_backend='process') so that "
+                           "episodes overlap their environment calls.", self.rollout_schedule)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:

@@ -86,7 +86,8 @@ register_signal(ACTING_ROLE, ActingRole)
 class RoleRoutedGenerator:
     """A generator that sends each prompt to the generator of its acting role (`routes_by_role = True`: the engine
     passes `roles=[...]`, one per prompt), entering that role's context around the call (e.g. activating its LoRA
-    adapter). One call per role per turn; completions come back in the prompts' order.
+    adapter). One call per role per turn; completions come back in the prompts' order. It takes per-request `seeds`
+    (`per_request_seeds`) when every role's generator does, and hands each role its prompts' seeds.
 
     Args:
         generators: role -> generator (the same object for every role when the roles are adapters of one model; a
@@ -121,10 +122,18 @@ class RoleRoutedGenerator:
         if hasattr(first, "eos_token_ids"):  # (the engine falls back to the tokenizer's otherwise)
             self.eos_token_ids = first.eos_token_ids
 
-    def generate(self, prompts, sampling, roles: Sequence[str] | None = None) -> GenerationOutput:
+    @property
+    def per_request_seeds(self) -> bool:
+        return all(getattr(generator, "per_request_seeds", False) for generator in self.generators.values())
+
+    def generate(
+        self, prompts, sampling, roles: Sequence[str] | None = None, seeds: Sequence[int] | None = None
+    ) -> GenerationOutput:
         roles = list(roles) if roles is not None else [self.default_role] * len(prompts)
         if len(roles) != len(prompts):
             raise ValueError(f"got {len(roles)} roles for {len(prompts)} prompts")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         completion_ids: list = [None] * len(prompts)
         logprobs: list = [None] * len(prompts)
         for role in dict.fromkeys(roles):
@@ -133,7 +142,11 @@ class RoleRoutedGenerator:
             rows = [i for i, r in enumerate(roles) if r == role]
             context = self.contexts.get(role)
             with context() if context is not None else contextlib.nullcontext():
-                out = self.generators[role].generate([prompts[i] for i in rows], sampling)
+                role_prompts = [prompts[i] for i in rows]
+                if seeds is None:
+                    out = self.generators[role].generate(role_prompts, sampling)
+                else:
+                    out = self.generators[role].generate(role_prompts, sampling, seeds=[seeds[i] for i in rows])
             for i, ids, lps in zip(rows, out.completion_ids, out.logprobs, strict=True):
                 completion_ids[i], logprobs[i] = ids, lps
         return GenerationOutput(completion_ids, logprobs)

@@ -1,7 +1,8 @@
 """Rollout topologies: which episodes a rollout runs, when to fork from a snapshot, how trajectories relate.
 
-The engine (`rollout/engine.py`) drives a `Topology`: it asks for the first episodes, asks again after every turn
-and whenever nothing is left to play, and carries out the requests (`Launch`: new episodes from a task's initial
+The engine (`rollout/engine.py`) drives a `Topology`: it asks for the first episodes, asks again after turns and
+whenever nothing is left to play (of every task at once, or task by task as the topology's `schedule` allows:
+`"free"`, `"task"` or `"global"`, `base.py`), and carries out the requests (`Launch`: new episodes from a task's initial
 state; `Fork`: new episodes from the state before a recorded step, sharing that step's prefix; `Stop`: end an
 active episode now; `Hold`: pause or resume one). Generation stays one call per turn across every active episode of
 every task and branch; environments stay in the `EnvPool`.
@@ -51,7 +52,7 @@ from typing import Any
 
 from ...names import did_you_mean
 from .adaptive import AdaptiveTopology
-from .base import Fork, Hold, Launch, Request, RolloutView, Stop, Topology
+from .base import SCHEDULES, Fork, Hold, Launch, Request, RolloutView, Stop, Topology
 from .branching import BRANCH_SCORES, BranchingTopology, step_score
 from .independent import IndependentTopology
 
@@ -89,6 +90,7 @@ def get_topology(name: str, **options: Any) -> Topology:
 
 __all__ = [
     "BRANCH_SCORES",
+    "SCHEDULES",
     "TOPOLOGIES",
     "AdaptiveTopology",
     "BranchingTopology",

@@ -1,11 +1,13 @@
 """`adaptive`: grow each task's group in rounds, up to a cap, until a stopping rule holds (CANOPY's coverage-scaled
 groups, arXiv 2609.01245; docs/methods/canopy.md).
 
-Round 1 launches `num_generations` episodes of every task. Whenever every episode of the process has finished, each
-task whose group does not satisfy the stopping rule yet, and is below `max_group_size` episodes, gets `round_size`
-more (fewer when the cap is closer), all tasks' new episodes played together (one generation call per turn). The
-default rule is "the group carries signal": at least two healthy episodes with different returns, so that a
-group-relative advantage is not zero. Episodes that failed for infrastructure reasons count towards the cap (they
+Round 1 launches `num_generations` episodes of every task. Whenever a task's episodes have all finished, the task,
+if its group does not satisfy the stopping rule yet and is below `max_group_size` episodes, gets `round_size` more
+(fewer when the cap is closer). Its schedule is "free": the rule reads only the task's own group, so every task grows
+on its own as soon as its round is done; in lockstep, every task is decided once every episode of the process has
+finished, and all tasks' new episodes play together (one generation call per turn). The default rule is "the group
+carries signal": at least two healthy episodes with different returns, so that a group-relative advantage is not
+zero. Episodes that failed for infrastructure reasons count towards the cap (they
 cost compute) but never towards the rule (they are not trained on).
 
 How large a group must be (the arithmetic of coverage, here with the rule and the coverage diagnostics it logs;
@@ -263,6 +265,7 @@ class AdaptiveTopology(Topology):
     """
 
     name = "adaptive"
+    schedule = "free"
 
     def __init__(
         self,
@@ -278,7 +281,7 @@ class AdaptiveTopology(Topology):
         self.max_group_size = max_group_size
         self.round_size = round_size
         self.stop_rule = stop_rule or carries_signal
-        self.rounds = 0
+        self._rounds: list[int] = []  # per task: 1 for the first round, +1 for every round it was given more
         self._round_size = round_size or 1
         self._first_round = 1
 
@@ -288,19 +291,27 @@ class AdaptiveTopology(Topology):
                 f"The first round has num_generations={num_generations} episodes per task, more than "
                 f"max_group_size={self.max_group_size}: raise the cap or lower num_generations."
             )
-        self.rounds = 1
+        self._rounds = [1] * len(tasks)
         self._round_size = self.round_size or num_generations
         self._first_round = num_generations
         return [Launch(index, num_generations) for index in range(len(tasks))]
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
+    @property
+    def rounds(self) -> int:
+        """Rounds played: the most of any task. In lockstep it is the number of idle moments that asked for more,
+        + 1 (a task that stops growing never grows again, so the tasks of the last round have played every round)."""
+        return max(self._rounds, default=0)
+
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """One more round for each of the task(s) (all for None, else `task_index`) whose group is below the cap and
+        does not satisfy the stopping rule; each decision reads the task's own group only."""
         requests = []
-        for index, group in enumerate(view.groups):
+        for index in view.task_indices(task_index):
+            group = view.groups[index]
             room = self.max_group_size - len(group.trajectories)
             if room > 0 and not self.stop_rule(group.healthy()):
                 requests.append(Launch(index, min(self._round_size, room)))
-        if requests:
-            self.rounds += 1
+                self._rounds[index] += 1
         return requests
 
     def stats(self, view: RolloutView) -> dict[str, float]:

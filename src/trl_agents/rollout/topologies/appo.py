@@ -1,10 +1,11 @@
 """`token_branching`: APPO's token-level branching (arXiv 2606.12384; docs/methods/appo.md).
 
 Phase 1 plays `num_generations` initial rollouts per task (n_init), recording an environment snapshot before every
-action. Phase 2 scores every action token of every healthy initial rollout and forks branches at the best ones,
-until the task has `rollouts_per_task` episodes (n): a branch at token k of step s restores the snapshot taken
-before step s and continues that step's action from its own tokens [0..k] (`Fork(action_prefix=...)`: the engine
-appends the prefix to the prompt, the generator samples the rest of the action, the environment then plays on).
+action. Phase 2, once a task's initial rollouts have all ended, scores every action token of its healthy initial
+rollouts and forks branches at the best ones, until the task has `rollouts_per_task` episodes (n): a branch at token
+k of step s restores the snapshot taken before step s and continues that step's action from its own tokens [0..k]
+(`Fork(action_prefix=...)`: the engine appends the prefix to the prompt, the generator samples the rest of the
+action, the environment then plays on).
 
 The score of a token (its math is here, the credit's in `trl_agents.credit.appo`): its entropy H under the current
 policy and its future value Ω, from the log-ratios Δ_j = log π_θ(y_j) − log π_old(y_j) between the current policy and
@@ -26,6 +27,11 @@ initial rollouts (each rollout's best point first, rollouts with the best points
 (independent samples of the task), once the branches are done. The last token of an action is never a split point
 (nothing would be left to sample), nor a token without snapshot. `branch_points` lists the splits of the last rollout
 (`BranchPoint`, with the episode id the engine gives each branch), for the trainer's credit.
+
+The phases are per task and the schedule is "free": a task's scores, budget and fill-ups read only its own rollouts
+(the signal runs on that task's initial rollouts), so each task branches as soon as its initial rollouts are done; in
+lockstep, all tasks at once. A task decided alone that forks nothing gets its fill-ups at once; in a lockstep call
+they come at once only when no task of the call forks (else at the next idle call, with the other tasks' fill-ups).
 
 Numerical guards: z-scores of fewer than two values, or of values whose spread is below `tolerance`, are 0 (no
 eligible position rather than 0/0); the exponent of Ω is clamped to ±20 (no inf); empty inputs give empty outputs.
@@ -260,6 +266,7 @@ class TokenBranchingTopology(Topology):
     """
 
     name = "token_branching"
+    schedule = "free"
     needs_snapshots = True
     required_capabilities = ("snapshot",)
 
@@ -291,33 +298,42 @@ class TokenBranchingTopology(Topology):
         self.model_signals = (POLICY_LOGPROBS,)
         self._reset()
 
-    def _reset(self) -> None:
-        self._phase = "initial"
+    def _reset(self, num_tasks: int = 0) -> None:
+        self._branched = [False] * num_tasks  # per task: phase "branches" (True) or still "initial"
         self.branch_points: list[BranchPoint] = []
-        self._pending_fills: list[Request] = []
+        self._pending_fills: list[list[Request]] = [[] for _ in range(num_tasks)]  # per task, after its branches
         self._fills = 0
         self._scored = 0
         self._fallbacks = 0
-        self._tasks = 0
+        self._tasks = num_tasks
 
     def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
-        self._reset()
-        self._tasks = len(tasks)
+        self._reset(len(tasks))
         return [Launch(index, num_generations) for index in range(len(tasks))]
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
-        if self._phase != "initial":
-            # The fill-ups once the branches are done (the engine checks a task's launched episodes against its
-            # other roots, so launches do not share a request list with forks).
-            fills, self._pending_fills = self._pending_fills, []
-            return fills
-        self._phase = "branches"
-        initial = [(index, t) for index, group in enumerate(view.groups) for t in group.trajectories
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """For the task(s) (all for None, else `task_index`): the branches of those still in their initial phase
+        (one signal call over their initial rollouts), or the fill-ups of those whose branches are done."""
+        indices = view.task_indices(task_index)
+        # The fill-ups once a task's branches are done (the engine checks a task's launched episodes against its
+        # other roots, so launches do not share a request list with forks).
+        requests: list[Request] = []
+        for index in indices:
+            if self._branched[index]:
+                requests += self._pending_fills[index]
+                self._pending_fills[index] = []
+        deciding = [index for index in indices if not self._branched[index]]
+        if not deciding:
+            return requests
+        for index in deciding:
+            self._branched[index] = True
+        initial = [(index, t) for index in deciding for t in view.groups[index].trajectories
                    if t.parent_id is None and not t.failed and t.steps]
         if initial:
             view.compute_signal(POLICY_LOGPROBS, [t for _, t in initial])
-        requests: list[Request] = []
-        for index, group in enumerate(view.groups):
+        forks: list[Request] = []
+        for index in deciding:
+            group = view.groups[index]
             budget = self.rollouts_per_task - len(group.trajectories)
             if budget <= 0:
                 continue
@@ -328,14 +344,16 @@ class TokenBranchingTopology(Topology):
                 prefix = tuple(trajectory.steps[step].action_ids[: token + 1])
                 self.branch_points.append(BranchPoint(index, next_id, trajectory.episode_id, step, token, position,
                                                       score, prefix))
-                requests.append(Fork(index, trajectory.episode_id, step, 1, action_prefix=prefix))
+                forks.append(Fork(index, trajectory.episode_id, step, 1, action_prefix=prefix))
                 next_id += 1
             if self.fill_budget and len(chosen) < budget:
-                self._pending_fills.append(Launch(index, budget - len(chosen)))
+                self._pending_fills[index].append(Launch(index, budget - len(chosen)))
                 self._fills += budget - len(chosen)
-        if not requests:  # nothing to fork: the fill-ups right away
-            requests, self._pending_fills = self._pending_fills, []
-        return requests
+        if not forks:  # nothing to fork for the tasks just decided: their fill-ups right away
+            for index in deciding:
+                forks += self._pending_fills[index]
+                self._pending_fills[index] = []
+        return requests + forks
 
     def split_points(self, trajectory: Trajectory) -> list[tuple[Trajectory, int, int, int, float]]:
         """The eligible split points of an initial rollout, best first: (trajectory, step, token, position among its

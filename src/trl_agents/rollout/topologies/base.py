@@ -5,10 +5,30 @@ A topology never steps an environment or calls the generator itself. It answers 
 generation call per turn for every active episode of every task and branch):
 
 * `begin(tasks, num_generations)` -> the first requests (usually `Launch`es);
-* `after_turn(view)` -> requests to serve right away, after every turn (e.g. fork from a state just visited);
-* `when_idle(view)` -> requests once no episode of this process is active (with a collective generator: of any
-  process, so that all processes ask at once) — another round of episodes, forks from finished backbones; an empty
-  list ends the topology's part of the rollout.
+* `after_turn(view, task_index=None)` -> requests to serve right away, after a turn (e.g. fork from a state just
+  visited);
+* `when_idle(view, task_index=None)` -> requests once nothing is active (in lockstep: no episode of this process,
+  with a collective generator of any process, so that all processes ask at once; in a per-task call: no episode of
+  that task) — another round of episodes, forks from finished backbones; an empty list ends the topology's part of
+  the rollout (of that task, for a per-task call).
+
+`task_index` says which tasks a call is about: None means all of them, an int that one task only; a topology walks
+`view.task_indices(task_index)`. Which calls the engine makes depends on the class's `schedule` (`SCHEDULES`):
+
+* `"free"`: every episode advances alone. `when_idle(view, i)` comes as soon as task i has no active (non-held)
+  episode, and `after_turn(view, i)` after each turn of an episode of task i (a free topology normally returns []
+  there). Each decision reads only task i's own group, and the requests it returns concern task i only, so the
+  answers do not depend on how far the other tasks are, nor on the order in which tasks become idle.
+* `"task"`: a barrier per task. `after_turn(view, i)` runs once every active, non-held episode of task i has played
+  its turn, `when_idle(view, i)` once task i has nothing active; tasks proceed independently of each other (the
+  same rule as "free" for what a call may read and return).
+* `"global"` (the default, and what a topology that declares nothing gets): lockstep over all tasks.
+  `after_turn(view)` after every global turn, `when_idle(view)` when no episode of the process is active, both with
+  `task_index=None`: a decision may read and serve every task at once (e.g. a table shared by all tasks).
+
+An engine may also drive a "free" or "task" topology in lockstep (task_index=None after every global turn and when
+the whole process is idle); the built-in ones answer such a call with what per-task calls of every task would give
+at that moment (token_branching's fill-ups aside, which a lockstep call may hold back one idle call: its docstring).
 
 A trainer builds its topology once and reuses it for every training rollout: `begin` must start each rollout
 afresh (state that should carry over, such as a random generator, may).
@@ -36,29 +56,33 @@ Requests:
 `compute_signal(name, trajectories)` to run a model signal (e.g. per-token entropies) on recorded steps mid-rollout.
 `stats()` (rollout-level numbers such as episodes per task) end up in `RolloutBatch.stats` and the trainer's logs.
 
-Example (a topology that gives every task one more episode once the first ones are done):
+Example (a topology that gives every task one more episode once its first ones are done, each task on its own):
     >>> from trl_agents.rollout.topologies import Launch, Topology
     >>> class OneMore(Topology):
     ...     name = "one-more"
+    ...     schedule = "free"
     ...     def begin(self, tasks, num_generations):
-    ...         self.added = False
+    ...         self.added = set()
     ...         return [Launch(index, num_generations) for index in range(len(tasks))]
-    ...     def when_idle(self, view):
-    ...         if self.added:
-    ...             return []
-    ...         self.added = True
-    ...         return [Launch(index, 1) for index in range(len(view.groups))]
+    ...     def when_idle(self, view, task_index=None):
+    ...         new = [index for index in view.task_indices(task_index) if index not in self.added]
+    ...         self.added.update(new)
+    ...         return [Launch(index, 1) for index in new]
     >>> OneMore().begin([{"env": "frozenlake", "seed": 0}], 2)
     [Launch(task_index=0, count=2)]
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ...trajectory import Group, Trajectory
+
+SCHEDULES = ("free", "task", "global")
+"""How the engine may schedule a topology's calls (`Topology.schedule`; the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +149,20 @@ class Hold:
 Request = Launch | Fork | Stop | Hold
 
 
+def task_random(seed: Any, rollout: int, task: dict[str, Any]) -> random.Random:
+    """A random stream of its own for one task of one rollout, seeded by `"{seed}:{rollout}:{task id}"` (the task id:
+    the row's `task_id`, else its sorted items), so that a task's draws do not depend on the other tasks of the
+    rollout nor on the order in which tasks are decided (how tasks are split between processes, which task becomes
+    idle first). `rollout` counts the rollouts a topology has begun, so that a reused topology draws afresh.
+
+    >>> task_random(0, 0, {"seed": 3}).random() == task_random(0, 0, {"seed": 3}).random()
+    True
+    >>> task_random(0, 0, {"seed": 3}).random() == task_random(0, 1, {"seed": 3}).random()
+    False
+    """
+    return random.Random(f"{seed}:{rollout}:{task.get('task_id', sorted(task.items()))}")
+
+
 class RolloutView:
     """What a topology sees of a rollout in progress (built by the engine; read it, do not change it).
 
@@ -166,6 +204,15 @@ class RolloutView:
     def finished(self, task_index: int) -> list[Trajectory]:
         return [t for t in self.groups[task_index].trajectories if not self.is_active(t)]
 
+    def task_indices(self, task_index: int | None) -> range | list[int]:
+        """The tasks a call is about: every task index for None, else `[task_index]` (checked in range), so that a
+        topology writes `for index in view.task_indices(task_index): ...` for both kinds of call."""
+        if task_index is None:
+            return range(len(self.groups))
+        if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(self.groups):
+            raise IndexError(f"task_index {task_index!r} is not a task of this rollout ({len(self.groups)} tasks)")
+        return [task_index]
+
     def compute_signal(self, name: str, trajectories: list[Trajectory]) -> None:
         """Run the model signal `name` on the steps of `trajectories` (values land in `step.signals[name]`)."""
         if self._signal_fn is None:
@@ -182,23 +229,37 @@ class Topology:
 
     Class attributes:
         name: Registry name (`AgentGRPOConfig.topology`).
+        schedule: How the engine may call `after_turn` / `when_idle` (`SCHEDULES`): `"free"` (per task, every episode
+            on its own: `when_idle(view, i)` as soon as task i has nothing active), `"task"` (per task, a turn barrier
+            within each task) or `"global"` (lockstep over all tasks, `task_index=None`; the default, for topologies
+            that do not declare one).
         needs_snapshots: The engine records an environment snapshot before every action (forks restore them).
         required_capabilities: Environment capabilities the topology needs (checked at start-up).
         model_signals: Model signals the topology computes mid-rollout through `RolloutView.compute_signal`.
     """
 
     name: ClassVar[str] = ""
+    schedule: ClassVar[str] = "global"
     needs_snapshots: ClassVar[bool] = False
     required_capabilities: ClassVar[tuple[str, ...]] = ()
     model_signals: tuple[str, ...] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.schedule not in SCHEDULES:
+            raise ValueError(f"{cls.__name__}.schedule must be one of {', '.join(map(repr, SCHEDULES))}, "
+                             f"got {cls.schedule!r}")
+
     def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
         raise NotImplementedError
 
-    def after_turn(self, view: RolloutView) -> list[Request]:
+    def after_turn(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """Requests after a turn: of every task (`task_index=None`, lockstep) or of task `task_index` alone."""
         return []
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """Requests once nothing is active: in every task (`task_index=None`, lockstep) or in task `task_index`
+        (which then has no active, non-held episode; the others may still play)."""
         return []
 
     def stats(self, view: RolloutView) -> dict[str, float]:

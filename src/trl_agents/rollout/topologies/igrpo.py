@@ -4,12 +4,14 @@ policy's likelihood of the gold answer the most (IGRPO, arXiv 2607.06223; docs/m
 A node is the state right after a tool observation (on Search-QA, after a `search[...]` step; the node rule, the
 gains and the selection are the pure functions of this module, the leaf weights and advantages are
 `trl_agents.credit.igrpo`). Round 1 launches `num_generations` root episodes per task, with an
-environment snapshot before every action. Every time no episode is active:
+environment snapshot before every action. Every time a task has no active episode (schedule "free": a task's rounds
+read only its own tree and draw from its own random stream, so each task grows alone; in lockstep, every time no
+episode is active, all tasks at once):
 
-1. the gold-answer likelihood p(a* | h) of every node not scored yet, of every task, in ONE batched no-grad forward
-   (the model signal `gold_likelihood`, through `RolloutView.compute_signal`); a fork's first own step is the node
-   it forked from and takes its parent's value (same prompt), so a node is scored once;
-2. for every task with fewer than `leaf_budget` episodes: its frontier (the nodes of its tree, each once, not
+1. the gold-answer likelihood p(a* | h) of every node not scored yet, of the task(s) being decided, in ONE batched
+   no-grad forward (the model signal `gold_likelihood`, through `RolloutView.compute_signal`); a fork's first own
+   step is the node it forked from and takes its parent's value (same prompt), so a node is scored once;
+2. for every such task with fewer than `leaf_budget` episodes: its frontier (the nodes of its tree, each once, not
    suppressed, with a snapshot) gets informativeness I(n) = p(n) − p(previous node on the path, or the root);
    `expansions_per_round` times, a node is drawn with probability softmax(I/T_I) (seeded) and expanded into
    `expansion_factor` new children (forks from the snapshot of that state; each samples its own next action and
@@ -54,7 +56,7 @@ from itertools import pairwise
 from typing import Any
 
 from ...trajectory import Group, Step, Trajectory
-from .base import Fork, Launch, Request, RolloutView, Topology
+from .base import Fork, Launch, Request, RolloutView, Topology, task_random
 
 GOLD_LIKELIHOOD = "gold_likelihood"
 """The model signal holding p(a* | step prompt) on the node steps (`trainers/igrpo.py` registers it)."""
@@ -209,6 +211,7 @@ class InfoGainTopology(Topology):
     """
 
     name = "info_gain"
+    schedule = "free"
     needs_snapshots = True
     required_capabilities = ("snapshot",)
     model_signals = (GOLD_LIKELIHOOD,)
@@ -240,7 +243,7 @@ class InfoGainTopology(Topology):
         self._reset(0)
 
     def _reset(self, num_tasks: int) -> None:
-        self.rounds = 0
+        self._rounds = [0] * num_tasks  # rounds per task: 1 for its roots, +1 for every round it is asked for more
         self._strikes: list[dict[int, int]] = [{} for _ in range(num_tasks)]  # node key -> consecutive strikes
         self._suppressed: list[set[int]] = [set() for _ in range(num_tasks)]
         self._candidates: list[set[int]] = [set() for _ in range(num_tasks)]  # nodes that were ever in a frontier
@@ -258,32 +261,41 @@ class InfoGainTopology(Topology):
         self._reset(len(tasks))
         # One generator per task, seeded by (seed, rollout, task): a task's draws do not depend on the other tasks of
         # the rollout, so a tree is the same however tasks are split between processes.
-        self._rngs = [random.Random(f"{self.seed}:{self._rollouts}:{task.get('task_id', sorted(task.items()))}")
-                      for task in tasks]
+        self._rngs = [task_random(self.seed, self._rollouts, task) for task in tasks]
         self._rollouts += 1
-        self.rounds = 1
+        self._rounds = [1] * len(tasks)
         return [Launch(index, num_generations) for index in range(len(tasks))]
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
-        self.score_nodes(view)
+    @property
+    def rounds(self) -> int:
+        """Rounds played: the most of any task (in lockstep, the number of idle calls that asked for more, + 1)."""
+        return max(self._rounds, default=0)
+
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """Score the new nodes of the task(s) (all for None, else `task_index` alone), then one expansion round for
+        each of them below its leaf budget."""
+        indices = view.task_indices(task_index)
+        self.score_nodes(view, task_index)
         requests: list[Request] = []
-        for index, group in enumerate(view.groups):
+        for index in indices:
+            group = view.groups[index]
             room = self.leaf_budget - len(group.trajectories)
             if room > 0:
                 requests.extend(self.expand(index, group, room))
-        if requests:
-            self.rounds += 1
+                self._rounds[index] += 1
         return requests
 
     # ---- 1. the likelihood of the gold answer at every new node ----------------------------------------------------
 
-    def score_nodes(self, view: RolloutView) -> None:
-        """Give every node step of every healthy episode its `gold_likelihood`: copied from the parent for a fork's
-        first own step (the same state), else in one `compute_signal` call for all tasks. The call is made at every
-        idle moment, with no trajectory when nothing is new, so that every process enters the model's context as
-        often as the others (a DeepSpeed ZeRO-3 gather is collective; idle moments are in step across processes)."""
+    def score_nodes(self, view: RolloutView, task_index: int | None = None) -> None:
+        """Give every node step of every healthy episode of the task(s) (all for None, else `task_index`) its
+        `gold_likelihood`: copied from the parent for a fork's first own step (the same state), else in one
+        `compute_signal` call for those tasks. The call is made at every idle call, with no trajectory when nothing
+        is new, so that every process enters the model's context as often as the others (a DeepSpeed ZeRO-3 gather
+        is collective; in lockstep, idle moments are in step across processes)."""
         pending: list[Trajectory] = []
-        for index, group in enumerate(view.groups):
+        for index in view.task_indices(task_index):
+            group = view.groups[index]
             missing: set[int] = set()
             for trajectory in group.trajectories:
                 if trajectory.failed:

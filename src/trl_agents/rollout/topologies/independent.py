@@ -1,5 +1,7 @@
 """`independent`: G independent episodes per task, all from the task's initial state (GRPO's group; the default).
 
+Its schedule is "free": it asks for everything in `begin` and nothing afterwards, so no episode waits for another.
+
 Example:
     >>> from trl_agents.rollout.topologies import IndependentTopology
     >>> IndependentTopology().begin([{"seed": 0}, {"seed": 1}], num_generations=4)
@@ -18,6 +20,7 @@ class IndependentTopology(Topology):
     """Launch `num_generations` episodes of every task at once and nothing else."""
 
     name = "independent"
+    schedule = "free"
 
     def begin(self, tasks: Sequence[dict[str, Any]], num_generations: int) -> list[Request]:
         return [Launch(index, num_generations) for index in range(len(tasks))]

@@ -1,8 +1,8 @@
 """`patr`: a process-scorer guided tree of exactly B leaves per task (PATR, arXiv 2607.15610; docs/methods/patr.md).
 
 Each task starts with `roots` (n₀) episodes from its initial state. After every turn the topology scores every
-active partial trajectory h with the process scorer (one batched call for all tasks; `q(h) ∈ [0, 1]`, written to
-the last step as `step.signals["patr_score"]`) and, per task:
+active partial trajectory h with the process scorer (one batched call for the tasks being decided: all of them in
+lockstep; `q(h) ∈ [0, 1]`, written to the last step as `step.signals["patr_score"]`) and, per task:
 
 * **Pruning** (conservative): a degenerate path — q < `tau_prune` for `prune_patience` consecutive scored turns, its
   last `repeat_limit` actions the same text in the same observation, or its last `prune_patience` actions rejected
@@ -18,10 +18,15 @@ the last step as `step.signals["patr_score"]`) and, per task:
 * **Survival**: every other active path goes on with one child (itself).
 
 A task never gets more than B = `budget` (default: `num_generations`) trajectories: an expansion gets fewer children
-when the budget is nearly spent. When every episode has ended with fewer than B leaves, the rest are filled in
-(`when_idle`): forks from the best-scored recorded nodes (one each, best first, round robin; nodes with q below
+when the budget is nearly spent. When every episode of a task has ended with fewer than B leaves, the rest are filled
+in (`when_idle`): forks from the best-scored recorded nodes (one each, best first, round robin; nodes with q below
 `tau_prune` are not used), or new roots when there is no such node. Infrastructure-failed episodes count towards B
 (they cost compute) and are not trained on.
+
+Its schedule is "task": expansion, pruning and the next-state forks are decided turn by turn over a task's active
+paths, so a task needs a turn barrier of its own (`after_turn(view, i)` once all of task i's paths have played the
+turn), but nothing is shared between tasks (pending forks, streaks, budgets and scorer calls are per task), so tasks
+need not wait for each other.
 
 The rules are pure functions of this module ([D] thresholds: `update_streak`, `degenerate_reason`,
 `choose_expansions`, `spread`); the process scorers (solver progress, judge, reward model, a callable) are those of
@@ -135,6 +140,7 @@ class PATRTopology(Topology):
     """
 
     name = "patr"
+    schedule = "task"
     needs_snapshots = True
     required_capabilities = ("snapshot",)
 
@@ -175,7 +181,8 @@ class PATRTopology(Topology):
 
     def _reset(self, num_tasks: int, budget: int) -> None:
         self._budget = budget
-        self._pending: list[tuple[int, int, int, int]] = []  # (task, episode id, fork step, children) to fork
+        # Per task: (episode id, fork step, children) to fork once the parent has recorded that step's snapshot.
+        self._pending: list[list[tuple[int, int, int]]] = [[] for _ in range(num_tasks)]
         self._streaks: dict[int, int] = {}  # id(trajectory) -> consecutive low scores
         self.expanded: list[list[tuple[int, int]]] = [[] for _ in range(num_tasks)]  # (episode id, fork step)
         self.pruned: list[list[tuple[int, str]]] = [[] for _ in range(num_tasks)]  # (episode id, reason)
@@ -198,9 +205,12 @@ class PATRTopology(Topology):
 
     # ---- after every turn: score, prune, expand ----------------------------------------------------------------------
 
-    def after_turn(self, view: RolloutView) -> list[Request]:
-        requests: list[Request] = self._pending_forks(view)
-        nodes = [(index, t) for index in range(len(view.groups)) for t in view.active(index)
+    def after_turn(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """Score, prune and expand the active paths of the task(s) (all for None, in one scorer call, else
+        `task_index` alone), after the pending next-state forks of those tasks."""
+        indices = view.task_indices(task_index)
+        requests: list[Request] = self._pending_forks(view, indices)
+        nodes = [(index, t) for index in indices for t in view.active(index)
                  if len(t.steps) > t.fork_step and SCORE not in t.steps[-1].signals]
         if nodes:
             scores = list(self.scorer([t for _, t in nodes]))
@@ -237,32 +247,39 @@ class PATRTopology(Topology):
                     requests.append(Fork(index, episode_id, steps - 1, children))
                     self.expanded[index].append((episode_id, steps - 1))
                 else:  # the node's state: snapshotted when the path plays its next turn
-                    self._pending.append((index, episode_id, steps, children))
+                    self._pending[index].append((episode_id, steps, children))
         return requests
 
-    def _pending_forks(self, view: RolloutView) -> list[Request]:
-        """The expansions of the previous turn whose node state is now recorded (the parent's step `fork step`)."""
+    def _pending_forks(self, view: RolloutView, indices: Sequence[int]) -> list[Request]:
+        """The expansions of the task(s)' previous turn whose node state is now recorded (the parent's step
+        `fork step`)."""
         requests = []
-        for index, episode_id, step, children in self._pending:
-            parent = view.groups[index].trajectory(episode_id)
-            if not parent.failed and len(parent.steps) > step and parent.steps[step].snapshot is not None:
-                requests.append(Fork(index, episode_id, step, children))
-                self.expanded[index].append((episode_id, step))
-        self._pending = []  # the others (a parent that failed or ended without a step) give their budget back
+        for index in indices:
+            for episode_id, step, children in self._pending[index]:
+                parent = view.groups[index].trajectory(episode_id)
+                if not parent.failed and len(parent.steps) > step and parent.steps[step].snapshot is not None:
+                    requests.append(Fork(index, episode_id, step, children))
+                    self.expanded[index].append((episode_id, step))
+            # The others (a parent that failed or ended without a step) give their budget back.
+            self._pending[index] = []
         return requests
 
     def _room(self, view: RolloutView, index: int, requests: Sequence[Request]) -> int:
         """Leaves task `index` may still get: B − its trajectories − the children already promised to it (pending
         expansions and the `requests` about to be served)."""
-        promised = sum(children for task, _, _, children in self._pending if task == index)
+        promised = sum(children for _, _, children in self._pending[index])
         asked = sum(r.count for r in requests if isinstance(r, Launch | Fork) and r.task_index == index)
         return self._budget - len(view.groups[index].trajectories) - promised - asked
 
     # ---- nothing active: fill up to B leaves -------------------------------------------------------------------------
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
-        requests: list[Request] = self._pending_forks(view)
-        for index, group in enumerate(view.groups):
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """Once the task(s) (all for None, else `task_index`) have nothing active: their pending forks, then fill
+        each up to B leaves."""
+        indices = view.task_indices(task_index)
+        requests: list[Request] = self._pending_forks(view, indices)
+        for index in indices:
+            group = view.groups[index]
             room = self._room(view, index, requests)
             if room <= 0:
                 continue

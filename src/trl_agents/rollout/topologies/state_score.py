@@ -1,7 +1,9 @@
 """`state_score`: 3SPO's adaptive rollout allocation with ranked backtracking (arXiv 2606.09961, Eq. 3;
 docs/methods/3spo.md).
 
-Each task runs a depth-first search over its environment, all tasks in lock-step (one generation call per turn):
+Each task runs a depth-first search over its environment, all tasks in lock-step (one generation call per turn). Its
+schedule is "global": the decisions of every task read and update one state-score table shared by all tasks (the
+rollout's copy, with the episodes finished so far), so tasks are decided together after every global turn:
 
 1. The followed episode (the *head*) acts from state s. Then n(s) = ⌈G_max·S(s)⌉ (Eq. 3, S from the state-score
    table, `StateScoreTable.num_rollouts`):
@@ -398,11 +400,11 @@ class StateScoreTopology(Topology):
         self.uncounted, self.events = set(), []
         return [Launch(index, 1) for index in range(len(tasks))]
 
-    def after_turn(self, view: RolloutView) -> list[Request]:
-        return self._advance(view)
+    def after_turn(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        return self._advance(view, task_index)
 
-    def when_idle(self, view: RolloutView) -> list[Request]:
-        return self._advance(view)
+    def when_idle(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        return self._advance(view, task_index)
 
     def stats(self, view: RolloutView) -> dict[str, float]:
         searches = self._searches
@@ -419,9 +421,12 @@ class StateScoreTopology(Topology):
 
     # ---- the search ------------------------------------------------------------------------------------------------
 
-    def _advance(self, view: RolloutView) -> list[Request]:
+    def _advance(self, view: RolloutView, task_index: int | None = None) -> list[Request]:
+        """One step of the search of every task (the engine's lockstep calls: `task_index` None), or of one task."""
         requests: list[Request] = []
-        for index, search in enumerate(self._searches):
+        indices = range(len(self._searches)) if task_index is None else view.task_indices(task_index)
+        for index in indices:
+            search = self._searches[index]
             if not search.done:
                 self._advance_task(view, index, search, requests)
         return requests

@@ -13,6 +13,8 @@ the episode ends. A task without GT (no plan) gets ordinary rollouts in place of
 (`topology/no_ground_truth_fraction`). Hints come from a task column (`hint_column`) when given, else from the GT
 plan with `plan_hint`'s template. Plans are cached per task. The composition (`group_composition`) and the hint
 (`plan_hint`) are pure functions of this module; the Tool-RL loss and task selection are `trl_agents.credit.toolrl`.
+Its schedule is "free": every episode is launched in `begin` and nothing is asked afterwards, so no episode waits for
+another.
 
 Example:
     >>> from trl_agents.rollout.topologies import get_topology
@@ -136,6 +138,7 @@ class SupervisedTopology(Topology):
     """
 
     name = "supervised"
+    schedule = "free"
 
     def __init__(
         self,
