@@ -275,3 +275,14 @@ def test_submit_on_the_process_backend_runs_every_environment_at_once():
     assert [future.result() for future in futures] == [0.5] * 3
     assert time.perf_counter() - started < 1.4
     pool.close()
+
+
+def test_a_sharded_policy_generating_itself_runs_in_lockstep(tokenizer):
+    """Under FSDP / ZeRO-3 over several processes a forward of the policy is a collective: per-episode generation
+    calls (a different number per process) would hang, so the rollout keeps lockstep; a vLLM server does not."""
+    local = RolloutEngine(SeededScriptGenerator(tokenizer, ACTIONS), PromptRenderer(tokenizer), schedule="free",
+                          sharded_model=True)
+    assert local.effective_schedule == "global"
+    served = RolloutEngine(SeededScriptGenerator(tokenizer, ACTIONS, request_level=True), PromptRenderer(tokenizer),
+                           schedule="free", sharded_model=True)
+    assert served.effective_schedule == "free"

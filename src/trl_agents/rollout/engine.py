@@ -137,8 +137,10 @@ class RolloutEngine:
         generation_window: Per-episode scheduling with a batch generator: the longest a request waits for others
             to join its generation call while environment calls are still running (seconds); None: the fixed cost
             of one call, measured as the rollout goes (`CallCost`).
-        model_signals_collective: The `signal_fn` forwards are collectives (FSDP, DeepSpeed ZeRO-3): a topology that
-            computes model signals mid-rollout then runs in lockstep, so every process asks for them together.
+        sharded_model: The policy is sharded over processes (FSDP, DeepSpeed): its forwards are collectives that
+            every process must make together, so per-episode scheduling runs in lockstep when the policy itself
+            generates (the built-in generator) or the topology computes model signals mid-rollout; a vLLM server
+            (request-level generator) with a topology without model signals still runs per episode.
     """
 
     def __init__(
@@ -159,7 +161,7 @@ class RolloutEngine:
         deterministic_sampling: bool | None = None,
         seed: int = 0,
         generation_window: float | None = None,
-        model_signals_collective: bool = False,
+        sharded_model: bool = False,
     ):
         if row_format not in ROW_FORMATS:
             raise ValueError(f"row_format must be one of {ROW_FORMATS}, got {row_format!r}")
@@ -179,7 +181,7 @@ class RolloutEngine:
             else bool(deterministic_sampling)
         self.seed = seed
         self.generation_window = generation_window
-        self.model_signals_collective = model_signals_collective
+        self.sharded_model = sharded_model
         self.rollout_index: int | str = 0  # the rollout played (in the request seeds): `run(rollout_index=)` or a count
         self._runs = 0
         self.generator = generator
@@ -237,9 +239,10 @@ class RolloutEngine:
             _log_once("The generator is a collective (every process must call it together), so per-episode "
                       "scheduling is off: the rollout runs in lockstep.")
             return "global"
-        if self.model_signals_collective and self.topology.model_signals:
-            _log_once(f"Topology {self.topology.name!r} computes model signals mid-rollout and they are collectives "
-                      "under sharded training (FSDP, ZeRO-3): the rollout runs in lockstep.")
+        if self.sharded_model and (self.topology.model_signals or not getattr(self.generator, "request_level", False)):
+            _log_once("The policy is sharded over processes (FSDP, DeepSpeed), so its forwards (generation with the "
+                      "built-in generator, a topology's model signals) are collectives every process makes together: "
+                      "the rollout runs in lockstep.")
             return "global"
         return chosen
 

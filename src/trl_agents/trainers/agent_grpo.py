@@ -441,7 +441,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             on_turn=self.rollout_progress.update if self.rollout_progress else None,
             schedule=self.args.rollout_schedule, deterministic_sampling=self.args.deterministic_sampling,
             seed=self.args.seed, generation_window=self.args.generation_window,
-            model_signals_collective=(self.is_fsdp_enabled or self.is_deepspeed_enabled)
+            sharded_model=(self.is_fsdp_enabled or self.is_deepspeed_enabled)
             and self.accelerator.num_processes > 1,
         )
 
