@@ -186,3 +186,20 @@ def train_one_iteration(tiny_model, tokenizer, tmp_path):
         return trainer
 
     return run
+
+
+@pytest.fixture
+def server_model(tiny_model_dir):
+    """The conftest tiny model, loaded for a loopback vLLM server (tests/rollout/test_vllm*.py)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def server(server_model, tokenizer):
+    """A loopback vLLM server on `server_model`, with TRL's client patched to speak to it."""
+    from trl_agents.loopback import LoopbackVLLMServer, loopback_trl_vllm
+
+    with LoopbackVLLMServer(server_model, tokenizer) as running, loopback_trl_vllm():
+        yield running

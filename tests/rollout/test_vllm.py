@@ -29,7 +29,6 @@ import pytest
 import requests
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM
 
 from trl_agents import AgentGRPOConfig, AgentGRPOTrainer
 from trl_agents.loopback import LOAD_WEIGHTS_ROUTE, LoopbackVLLMServer, loopback_trl_vllm
@@ -44,17 +43,6 @@ from trl_agents.training.loss import importance_sampling_ratio
 def other_tiny_model(tokenizer, seed):
     """The conftest tiny model's architecture with other weights (the trainer and the server then disagree)."""
     return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, seed=seed)
-
-
-@pytest.fixture
-def server_model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture
-def server(server_model, tokenizer):
-    with LoopbackVLLMServer(server_model, tokenizer) as running, loopback_trl_vllm():
-        yield running
 
 
 @pytest.fixture

@@ -11,26 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM
 
-from trl_agents.loopback import LoopbackVLLMServer, loopback_trl_vllm
 from trl_agents.rollout import SamplingParams, TransformersGenerator
 from trl_agents.rollout.vllm import VLLMClientGenerator, VLLMGenerator, server_url
 
 ROUTE = "/v1/completions"
 
 # ---- fixtures and helpers --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def server_model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture
-def server(server_model, tokenizer):
-    with LoopbackVLLMServer(server_model, tokenizer) as running, loopback_trl_vllm():
-        yield running
 
 
 @pytest.fixture

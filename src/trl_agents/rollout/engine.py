@@ -509,20 +509,30 @@ class RolloutEngine:
                f"{len(trajectory.steps)}")
         return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % SEED_RANGE
 
-    def _sample(self, turns: list[Turn]):
-        """One generation call for `turns` (a collective generator is called with none too); their sampled ids and
-        log-probs, each after its episode's action prefix."""
+    def _sample(self, turns: list[Turn], stats: dict[str, float]) -> tuple[list[tuple[list[int], list[float], str]],
+                                                                           float]:
+        """One generation call for `turns` (a collective generator is called with none too), counted in `stats`:
+        each turn's sampled ids and log-probs (after its episode's action prefix) and decoded text, and the call's
+        seconds."""
         prompts = [turn.sampling_ids for turn in turns]
         kwargs: dict[str, Any] = {}
         if self._plan_role:
             kwargs["roles"] = [turn.episode.role for turn in turns]
         if self.deterministic_sampling:
             kwargs["seeds"] = [self._seed(turn.episode) for turn in turns]
+        started = time.perf_counter()
         output = self.generator.generate(prompts, self.sampling, **kwargs)
-        return [
+        seconds = time.perf_counter() - started
+        stats["generation_seconds"] += seconds
+        stats["generation_calls"] += 1
+        stats["generated_tokens"] += sum(len(ids) for ids in output.completion_ids)
+        sampled = [
             (turn.episode.action_prefix + list(ids), turn.episode.prefix_logprobs + list(lps))
             for turn, ids, lps in zip(turns, output.completion_ids, output.logprobs, strict=True)
         ]
+        # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
+        texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True) if turns else []
+        return [(ids, lps, text) for (ids, lps), text in zip(sampled, texts, strict=True)], seconds
 
     def _forced(self, turn: Turn) -> tuple[list[int], list[float], str]:
         """A forced turn: the given action, tokenised and closed with EOS as a generated turn ends; no sampling
@@ -564,15 +574,8 @@ class RolloutEngine:
             return
         played = []
         if ready or self._collective:
-            started = time.perf_counter()
-            sampled = self._sample(ready)
-            stats["generation_seconds"] += time.perf_counter() - started
-            stats["generation_calls"] += 1
-            stats["generated_tokens"] += sum(len(ids) - len(turn.episode.action_prefix)
-                                             for turn, (ids, _) in zip(ready, sampled, strict=True))
-            # (Not batch_decode([]): transformers 5 decodes it as one empty sequence, [''].)
-            texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True) if ready else []
-            played = [(turn, ids, lps, text) for turn, (ids, lps), text in zip(ready, sampled, texts, strict=True)]
+            sampled, _ = self._sample(ready, stats)
+            played = [(turn, *outcome) for turn, outcome in zip(ready, sampled, strict=True)]
         played += [(turn, *self._forced(turn)) for turn in forced]
         stats["env_steps"] += len(played)
         outcomes = self.env_pool.run([self._step_call(turn, text, plan) for turn, _, _, text in played], "step")

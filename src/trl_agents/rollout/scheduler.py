@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..trajectory import task_id
-from .episode import Episode, Turn, end_calls, reset_calls, restore_calls
+from .episode import Episode, Turn, end_calls, reset_calls
 
 logger = logging.getLogger(__name__)
 
@@ -284,9 +284,8 @@ class EpisodeScheduler:
                            ("reset", episode))
         for episode, parent, request in forked:
             self.tasks[episode.task_index].episodes.append(episode)
-            env, fn, args = self.engine._fork_call(episode, parent, request, self.plan)
-            assert fn is restore_calls
-            self._env_call(episode, (env, fn, args), "reset", ("restore", episode, parent, request))
+            call = self.engine._fork_call(episode, parent, request, self.plan)
+            self._env_call(episode, call, "reset", ("restore", episode, parent, request))
 
     def _dispatch(self, episode: Episode) -> None:
         """Start an episode's next turn: its generation request (or its forced action's step)."""
@@ -324,19 +323,12 @@ class EpisodeScheduler:
             return None if math.isinf(window) else window - waited
         turns = [turn for turn, _ in self.pending]
         self.pending.clear()
-        started, cpu = time.perf_counter(), time.thread_time()
-        sampled = self.engine._sample(turns)
-        seconds = time.perf_counter() - started
-        self._generation_cpu += time.thread_time() - cpu
         width = max(len(turn.sampling_ids) for turn in turns) + self.engine.sampling.max_new_tokens
+        cpu = time.thread_time()
+        sampled, seconds = self.engine._sample(turns, self.stats)
+        self._generation_cpu += time.thread_time() - cpu
         self.cost.add(len(turns), len(turns) * width, seconds)
-        self.stats["generation_seconds"] += seconds
-        self.stats["generation_calls"] += 1
-        self.stats["generated_tokens"] += sum(len(ids) - len(turn.episode.action_prefix)
-                                              for turn, (ids, _) in zip(turns, sampled, strict=True))
-        with self._work():
-            texts = self.engine.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True)
-        for turn, (ids, lps), text in zip(turns, sampled, texts, strict=True):
+        for turn, (ids, lps, text) in zip(turns, sampled, strict=True):
             self._step_env(turn, ids, lps, text)
         return 0.0
 
