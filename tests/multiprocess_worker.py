@@ -72,6 +72,9 @@ CASES = {
     # seed only), lockstep against free; each process's rows must be the same (test_multiprocess.py).
     "grpo_seeded": ("grpo", {"deterministic_sampling": True}),
     "grpo_free": ("grpo", {"rollout_schedule": "free", "env_workers": 4}),
+    # One-step-off: the second rollout generates in the background while the first trains (twice the tasks, so that
+    # the second step's batch is in the first epoch and can be seen in advance).
+    "grpo_1off": ("grpo", {"max_staleness": 1}),
     # DPEPO: the walk played in K = 2 copies through the `parallel` wrapper (DeterministicGenerator answers in its
     # format when the prompt is the wrapper's).
     "dpepo": ("dpepo", {"env_name": "parallel", "history_length": 0, "max_completion_length": 24,
@@ -210,7 +213,7 @@ def train(case: str, model_dir: str, output_dir: str) -> None:
     }
     config = tiny_training_config(method.config_class, output_dir, **{**values, **method.defaults, **overrides})
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    tasks = WalkEnv.task_split("train", NUM_TASKS)
+    tasks = WalkEnv.task_split("train", 2 * NUM_TASKS if overrides.get("max_staleness") else NUM_TASKS)
     if config.env_name == "parallel":  # the wrapper plays the walk's tasks
         tasks = [{**task, "env": "parallel"} for task in tasks]
     trainer = method.trainer_class(

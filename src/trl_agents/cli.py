@@ -633,7 +633,7 @@ def _has_split(cls, split: str) -> bool:
 
 def list_methods() -> None:
     """`trl-agents methods`: every method with its trainer, paper, hook, inputs, signals, topology, required env
-    capabilities and docs page (all read from the trainer classes' declarations)."""
+    capabilities, the staleness it accepts and docs page (all read from the trainer classes' declarations)."""
     from .trainers import METHODS
 
     for name, method in METHODS.items():
@@ -642,6 +642,9 @@ def list_methods() -> None:
         print(f"    hook: {method.hook}; inputs: {', '.join(method.inputs)}")
         print(f"    signals: {', '.join(method.signals) or 'none'}; topology: {method.topology}")
         print(f"    env capabilities: {', '.join(method.env_capabilities) or 'none'}" + (f"; sets {defaults}" if defaults else ""))
+        staleness = method.info.max_staleness
+        print(f"    max_staleness: {staleness}" + (f" (on-policy: {method.info.staleness_reason})" if staleness == 0
+                                                  else " (one-step-off training accepted; docs/async.md#one-step-off)"))
 
 
 ENV_PACKAGES = (("TRL", "trl"), ("transformers", "transformers"), ("PyTorch", "torch"), ("accelerate", "accelerate"),

@@ -36,7 +36,7 @@ Schema of the trajectory dataset (`TRAJECTORY_FEATURES`): one row per step of ev
 | `done` | bool | The environment ended the episode after this step. |
 | `valid` | bool | The environment accepted the action. |
 | `state_key` | string? | Canonical state before the action (`repr`), when the environment has `state_key`. |
-| `info` | string | The step's `info` dict, as JSON. |
+| `info` | string | The step's `info` dict, as JSON; `policy_version` is the optimizer step whose weights sampled it. |
 | `signals` | string | The step's JSON-able signals (`step.signals`: solver values, verifier atoms, teacher log-probs, ...), as JSON; `{}` when none. |
 | `episode_return` | float64 | Undiscounted return of the episode (same on every row of the episode). |
 | `success` | bool | The episode solved its task (same on every row of the episode). |

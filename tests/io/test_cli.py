@@ -92,6 +92,8 @@ def test_envs_and_methods_listings(capsys):
     main(["methods"])
     listing = capsys.readouterr().out
     assert "gigpo" in listing and "GiGPOTrainer" in listing and "rloo" in listing
+    assert "max_staleness: 0 (on-policy: the paper keeps every update strictly on-policy" in listing  # CANOPY
+    assert listing.count("max_staleness: 1 (one-step-off training accepted") >= 19
 
 
 def test_envs_detail_and_unknown_name(capsys):

@@ -592,3 +592,34 @@ def test_gpu_server_mode_with_nccl_weight_sync(tmp_path):
         except subprocess.TimeoutExpired:
             process.kill()
         time.sleep(1)
+
+
+def test_one_step_off_through_a_vllm_server_syncs_between_rollouts_and_corrects_with_the_behaviour_weight(
+        tiny_model, tokenizer, tmp_path):
+    # max_staleness=1 with TRL's vLLM server mode: the server generates rollout s + 1 while the trainer trains on
+    # rollout s; weights move to the server only when nothing is in flight, once per launch; the loss multiplies by
+    # the truncated behaviour weight (token_truncate, C = 2) instead of TRL's sequence mask.
+    tasks = [{"env": "test-keyword", "seed": seed} for seed in range(6)]  # 3 steps of 2 tasks: one epoch
+    server_model = other_tiny_model(tokenizer, seed=1)
+    with RecordingServer(server_model, tokenizer) as server, loopback_trl_vllm():
+        config = agent_config(tmp_path, max_steps=3, use_vllm=True, vllm_mode="server",
+                              vllm_server_base_url=server.base_url, max_staleness=1)
+        trainer = LossInputsTrainer(model=tiny_model, args=config, train_dataset=tasks, processing_class=tokenizer)
+        synced = trainer.generator.sync_weights
+        in_flight = []
+
+        def sync_weights():
+            in_flight.append(trainer.one_step_off.pending is not None)
+            synced()
+
+        trainer.generator.sync_weights = sync_weights
+        trainer.train()
+    # Step 0's weights once (its rollout in place, then the launch of rollout 1 with the same weights), step 1's at
+    # the launch of rollout 2; never while a rollout is in flight.
+    assert in_flight == [False, False]
+    logs = [h for h in trainer.state.log_history if "async/lag_rollouts" in h]
+    assert [log["async/lag_rollouts"] for log in logs] == [0.0, 1.0, 1.0]
+    for seen in trainer.seen:
+        ratio, sampled = seen["importance_sampling_ratio"], seen["sampling_per_token_logps"]
+        assert ratio.shape == sampled.shape and float(ratio.max()) <= 2.0  # per token, truncated at C
+    assert any(not torch.allclose(seen["importance_sampling_ratio"], torch.ones(())) for seen in trainer.seen[1:])

@@ -131,6 +131,8 @@ def test_two_processes_train_like_one(case, runs, tiny_model_dir):
     per_call = ("entropy", "kl", "clip_ratio/") if case == "grpo_token_budget" else ()
     if case.endswith("_free"):  # per-episode scheduling: how many generation calls depends on timing
         per_call = (*per_call, "rollout/generation_calls")
+    if case.endswith("_1off"):  # TRL's sampling/ metrics average each process's own mean (or extreme)
+        per_call = (*per_call, "sampling/")
     for entry_one, entry_two in zip(logs_one, logs_two, strict=True):
         assert entry_one.keys() == entry_two.keys()
         for key, value in entry_one.items():
@@ -142,7 +144,10 @@ def test_two_processes_train_like_one(case, runs, tiny_model_dir):
     initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
     after_one, after_two = _parameters(one), _parameters(two)
     assert after_one.keys() == after_two.keys()
-    assert max((after_one[n] - initial[n].detach()).abs().max().item() for n in after_one) > 1e-2
+    # (One-step-off multiplies the loss by the behaviour weight π/μ, and the stand-in sampler's log-probs, -1 per
+    # token, are far above the tiny model's: the update is ~e^-5 smaller, still far above float noise.)
+    moved = 1e-4 if case.endswith("_1off") else 1e-2
+    assert max((after_one[n] - initial[n].detach()).abs().max().item() for n in after_one) > moved
     for name in after_one:
         torch.testing.assert_close(after_two[name], after_one[name], rtol=0, atol=1e-5, msg=name)
 

@@ -142,6 +142,30 @@ def test_use_vllm_switches_the_importance_sampling_ratio_on_in_compute_loss(trai
     assert plain == pytest.approx(-2.0, abs=1e-5) and corrected == pytest.approx(-4.0, abs=1e-5)
 
 
+def test_the_correction_flag_gates_the_ratio_too(trainer):
+    # Why one-step-off (max_staleness=1) also raises `vllm_importance_sampling_correction` for the loss call: TRL
+    # multiplies by the ratio only `if self.use_vllm and self.vllm_importance_sampling_correction`.
+    inputs = dict(_inputs(), importance_sampling_ratio=torch.full((2, 2), 2.0))
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, False
+    try:
+        off = GRPOTrainer._compute_loss(trainer, trainer.model, dict(inputs)).item()
+    finally:
+        trainer.use_vllm, trainer.vllm_importance_sampling_correction = False, True
+    assert off == pytest.approx(-2.0, abs=1e-5)
+
+
+def test_the_training_loop_prepares_each_item_get_batch_samples_returns_in_order():
+    # Why one-step-off can look one generation ahead by overriding the public `get_batch_samples`: the loop asks it
+    # for each optimizer step's batches from the epoch's iterator, and trains on what it returns, in order.
+    from transformers import Trainer
+
+    assert list(inspect.signature(Trainer.get_batch_samples).parameters) == ["self", "epoch_iterator", "num_batches",
+                                                                             "device"]
+    source = inspect.getsource(Trainer)
+    assert "self.get_batch_samples(epoch_iterator, num_batches, self.args.device)" in source
+    assert "for i, inputs in enumerate(batch_samples):" in source
+
+
 def test_clip_bounds_are_read_from_the_trainer_and_may_be_per_row_tensors(trainer):
     # Why `clip_bounds` (EPPO's per-task ε) works: TRL's loss reads `self.epsilon_low` / `self.epsilon_high` on every
     # call (AgentGRPOTrainer sets them for one call) and its clamp broadcasts (B, 1) tensors over the tokens.

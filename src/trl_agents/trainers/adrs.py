@@ -188,7 +188,7 @@ class ADRSTrainer(AgentGRPOTrainer):
     _name = "ADRS"
     config_class = ADRSConfig
     methods = (
-        MethodInfo("adrs", "arXiv 2608.03223", "trl_agents.distill.adrs", title="ADRS",
+        MethodInfo("adrs", "arXiv 2608.03223", "trl_agents.distill.adrs", max_staleness=1, title="ADRS",
                    hook="compute_advantages",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
                    tests=("tests/methods/adrs/",)),

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -43,6 +44,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from huggingface_hub import ModelCard
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
@@ -73,6 +75,7 @@ from ..training.credit_phase import EmptyRollouts, episode_step_values, filter_g
 from ..training.forward import forward_rows, grouped_forward, no_gradient_checkpointing, reference_model, row_forwards
 from ..training.loss import add_importance_sampling_ratio, attribute_set, backward_in_parts, batch_token_mean
 from ..training.loss import common_width, loss_chunks
+from ..training.one_step_off import BehaviourSnapshot, OneStepOff, check_version, stamp_version, tasks_key
 from ..training.metrics import ProcessMetrics, completion_entries, log_completions, reduce_rollout_stats, rollout_stats
 from ..training.rows import TrainingRows, build_rows
 from ..training.signal_phase import SignalPhase, TeacherUpdate, build_teacher, required_capabilities
@@ -87,7 +90,7 @@ from ..training.tasks import (
 )
 from ..trajectory import Group, RolloutBatch, Trajectory
 from .agent_grpo_config import AgentGRPOConfig, as_dict, check_generator
-from .registry import Method, MethodInfo, declared_method
+from .registry import Method, MethodInfo, declared_method, matching_info
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +124,13 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
     _name = "AgentGRPO"
     config_class = AgentGRPOConfig
     methods = (
-        MethodInfo("grpo", "arXiv 2402.03300", "trl_agents.credit.grpo", title="GRPO",
+        MethodInfo("grpo", "arXiv 2402.03300", "trl_agents.credit.grpo", max_staleness=1, title="GRPO",
                    defaults={"advantage_estimator": "grpo"},
                    tests=("tests/credit/test_credit.py", "tests/training/test_trainer.py")),
-        MethodInfo("dr_grpo", "arXiv 2503.20783", "trl_agents.credit.grpo", title="Dr. GRPO",
+        MethodInfo("dr_grpo", "arXiv 2503.20783", "trl_agents.credit.grpo", max_staleness=1, title="Dr. GRPO",
                    defaults={"advantage_estimator": "grpo", "scale_rewards": "none", "loss_type": "dr_grpo"},
                    tests=("tests/credit/test_credit.py",)),
-        MethodInfo("rloo", "arXiv 2402.14740", "trl_agents.credit.rloo", title="RLOO",
+        MethodInfo("rloo", "arXiv 2402.14740", "trl_agents.credit.rloo", max_staleness=1, title="RLOO",
                    defaults={"advantage_estimator": "rloo"}, tests=("tests/credit/test_credit.py",)),
     )
 
@@ -214,6 +217,9 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 f"{type(self).__name__} needs a {config_class.__name__}, got {type(args).__name__}. Convert a "
                 f"GRPOConfig with `{config_class.__name__}.from_grpo_config(grpo_config, max_turns=...)`."
             )
+        if args.max_staleness > 0 and (refusal := self.staleness_refusal(args)) is not None:
+            raise ValueError(f"{type(self).__name__}: max_staleness={args.max_staleness} is refused: {refusal}; set "
+                             "max_staleness=0")
         train_dataset = as_task_dataset(train_dataset, args, "train_dataset", required=True)
         eval_dataset = as_task_dataset(eval_dataset, args, "eval_dataset", required=False)
         for dataset in (train_dataset, eval_dataset):
@@ -253,6 +259,61 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         self._trajectory_writer: TrajectoryWriter | None = None
         self.empty_rollouts = EmptyRollouts()  # stops a run whose rollouts leave nothing to train on, 3 in a row
         self._setup_signals()
+        # One-step-off (max_staleness=1): the rollout in flight, and what generates it (training.one_step_off).
+        self.one_step_off: OneStepOff | None = None
+        self._behaviour_generator: Generator | None = None
+        self._behaviour_renderer: PromptRenderer | None = None
+        self._behaviour_snapshot: BehaviourSnapshot | None = None
+        self._behaviour_version = -1  # the step whose weights the behaviour generator holds
+        self._last_take_step: int | None = None  # the step that took the last rollout (a prefetched one's version)
+        if args.max_staleness > 0:
+            self._setup_one_step_off(built_in_generator=generator is None and not args.use_vllm)
+
+    @classmethod
+    def staleness_refusal(cls, args: Any) -> str | None:
+        """Why this trainer cannot train on one-step-off rollouts with `args` (None: it can): its method declares
+        `max_staleness=0` (`MethodInfo.staleness_reason`), or its topology computes model signals mid-rollout, which
+        would read the weights being trained (docs/async.md#one-step-off)."""
+        info = matching_info(cls, args, inherited=True)
+        if info is not None and (info.max_staleness or 0) < args.max_staleness:
+            reason = info.staleness_reason or "it does not declare the staleness it accepts (MethodInfo.max_staleness)"
+            return f"{info.title or info.name} needs on-policy data: {reason}"
+        names = cls.make_topology(args).model_signals
+        if names:
+            return (f"the {args.topology!r} topology computes model signals mid-rollout ({', '.join(names)}), which "
+                    "would read the weights being trained")
+        return None
+
+    def _setup_one_step_off(self, built_in_generator: bool) -> None:
+        """What generates while the policy trains: a vLLM server, or a generator given to the trainer, as they are
+        (their `sync_weights` hands them each step's weights); the built-in generator on a copy of the weights
+        (`BehaviourSnapshot`, refused when it does not fit)."""
+        if (self.is_fsdp_enabled or self.is_deepspeed_enabled) and self.accelerator.num_processes > 1:
+            raise ValueError("max_staleness=1 does not run with a policy sharded over processes (FSDP, DeepSpeed): "
+                             "its forwards are collectives that a background rollout would interleave with training; "
+                             "use DDP with a vLLM server, or max_staleness=0")
+        if self.use_vllm and self.args.vllm_mode == "colocate":
+            raise ValueError("max_staleness=1 needs the generator to run beside training: vllm_mode='colocate' shares "
+                             "the training processes and their GPU memory; use vllm_mode='server', or max_staleness=0")
+        if getattr(self.generator, "collective", False) and (
+                self.args.rollout_schedule == "lockstep" or not getattr(self.generator, "request_level", False)):
+            raise ValueError("max_staleness=1 with several processes needs generation without collectives: set "
+                             "rollout_schedule='free' (one request per turn to the vLLM server), or max_staleness=0")
+        # The rollout thread renders and decodes with its own copy of the tokenizer: a fast tokenizer is not safe to
+        # use from two threads at once, and the trainer's thread renders too (teacher views, judges).
+        self._behaviour_renderer = copy.copy(self.renderer)
+        self._behaviour_renderer.tokenizer = copy.deepcopy(self._tokenizer)
+        if built_in_generator:
+            self._behaviour_snapshot = BehaviourSnapshot(self.accelerator.unwrap_model(self.model))
+            self._behaviour_generator = TransformersGenerator(
+                tokenizer=self._behaviour_renderer.tokenizer, eos_token_ids=self.eos_token_ids,
+                model_context=self._behaviour_snapshot.context, backend=self.args.generation_backend,
+                continuous_batching_config=as_dict(self.args.transformers_continuous_batching_config,
+                                                   "transformers_continuous_batching_config"),
+            )
+        else:
+            self._behaviour_generator = self.generator
+        self.one_step_off = OneStepOff(self._background_rollout)
 
     def _setup_signals(self) -> None:
         """Resolve the declared signals (`training.signal_phase.SignalPhase`); build the topology, and the teacher
@@ -432,14 +493,18 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                               top_p=self.top_p, top_k=self.top_k or 0, min_p=self.min_p,
                               repetition_penalty=self.repetition_penalty)
 
-    def _engine(self) -> RolloutEngine:
+    def _engine(self, generator: Generator | None = None, renderer: PromptRenderer | None = None) -> RolloutEngine:
+        generator, renderer = generator or self.generator, renderer or self.renderer
+        deterministic = self.args.deterministic_sampling
+        if deterministic is None and self.args.max_staleness > 0 and getattr(generator, "per_request_seeds", False):
+            deterministic = True  # (the rollout thread must not draw from the global random state training uses)
         return RolloutEngine(
-            self.generator, self.renderer, max_turns=self.args.max_turns, sampling=self.sampling_params(),
+            generator, renderer, max_turns=self.args.max_turns, sampling=self.sampling_params(),
             row_format=self.args.row_format, env_pool=self.env_pool, system_prompt=self.args.system_prompt,
             signals=self.env_signals, topology=self.rollout_topology if self.model.training else IndependentTopology(),
             signal_fn=self._signal_for_topology,
             on_turn=self.rollout_progress.update if self.rollout_progress else None,
-            schedule=self.args.rollout_schedule, deterministic_sampling=self.args.deterministic_sampling,
+            schedule=self.args.rollout_schedule, deterministic_sampling=deterministic,
             seed=self.args.seed, generation_window=self.args.generation_window,
             sharded_model=(self.is_fsdp_enabled or self.is_deepspeed_enabled)
             and self.accelerator.num_processes > 1,
@@ -465,27 +530,141 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
     @property
     def _corrects_off_policy_sampling(self) -> bool:
         """TRL's vLLM importance-sampling correction applies: the generator samples from an engine's copy of the
-        weights (whether TRL built it with `use_vllm` or the user passed it) and the correction is on."""
-        return bool(getattr(self.generator, "samples_off_policy", False)) and self.vllm_importance_sampling_correction
+        weights (whether TRL built it with `use_vllm` or the user passed it) and the correction is on; or rollouts
+        may lag the policy (`max_staleness=1`: the behaviour weight, always)."""
+        return (bool(getattr(self.generator, "samples_off_policy", False)) and self.vllm_importance_sampling_correction
+                ) or self.args.max_staleness > 0
+
+    @property
+    def _misaligned(self) -> bool:
+        """A generation batch is trained over more than one optimizer step (generation and optimisation misaligned,
+        or later passes of `num_iterations` in later steps): its micro-batches meet different weights."""
+        args = self.args
+        return args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
+
+    @property
+    def _defers_behaviour_weight(self) -> bool:
+        """Under `max_staleness=1`, when every micro-batch of a generation batch is trained at the weights it was
+        scored at (not `_misaligned`), the proximal policy π_prox of the behaviour weight π_prox/μ is the policy the
+        loss's own forward evaluates: the weight is computed there (`_add_behaviour_weight`), from its detached
+        log-probs, instead of by one more forward over the rollout. The same values up to float noise
+        (tests/training/test_one_step_off.py), a forward pass fewer per step (docs/async.md#one-step-off)."""
+        return self.args.max_staleness > 0 and not self._misaligned and self.policy_loss_weight != 0.0
+
+    def _add_importance_sampling_ratio(self, output: dict[str, Any], mode: str) -> None:
+        """TRL's vLLM importance-sampling correction into `output` from its `old_per_token_logps`, its `sampling/`
+        metrics logged (under max_staleness=1 the behaviour weight π_prox/μ, with its share of changed tokens as
+        async/is_truncated_frac)."""
+        for name, value in add_importance_sampling_ratio(
+            output, *self._importance_sampling_settings(), self.accelerator.gather,
+            changed_name="async/is_truncated_frac" if self.args.max_staleness > 0 else None,
+        ).items():
+            self._metrics[mode][name].append(value)
+
+    def _add_behaviour_weight(self, inputs: dict[str, Any], per_token_logps: torch.Tensor) -> None:
+        """`_defers_behaviour_weight`: π_prox from the loss forward's log-probs (detached; TRL's loss takes the same
+        values as its old log-probs when none are given), and the behaviour weight from them, into `inputs` before
+        TRL's loss reads it. Metrics per micro-batch (or loss chunk), averaged over the step."""
+        inputs["old_per_token_logps"] = per_token_logps.detach()
+        self._add_importance_sampling_ratio(inputs, "train" if self.model.training else "eval")
+
+    def _importance_sampling_settings(self) -> tuple[str, float | None, float | None]:
+        """(mode, C_min, C_max) of the correction: the behaviour weight's under `max_staleness=1`, else TRL's."""
+        if self.args.max_staleness > 0:
+            return self.args.behaviour_weight_mode, None, self.args.behaviour_weight_cap
+        return self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, \
+            self.vllm_importance_sampling_clip_max
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         tasks = tasks_of(inputs, num_generations)  # stage 1: tasks
+        if mode == "train" and self.one_step_off is not None:
+            batch = self._one_step_off_rollout(tasks, num_generations)
+        else:
+            if self.one_step_off is not None:  # (an evaluation waits for the rollout in flight: they share the envs)
+                self.one_step_off.drain()
+            batch = self._roll_out(tasks, num_generations, self._rollout_index(mode))
+            stamp_version(batch, self.state.global_step)  # (generated by the weights it trains: lag 0)
+        return self._score_rollout(batch, mode)
 
+    def _roll_out(self, tasks: list[dict[str, Any]], num_generations: int, rollout_index: str) -> RolloutBatch:
+        """The rollout of `tasks` by the current policy (weights synced first), the model signals observing it."""
         self._sync_generator_weights()
         self.signal_phase.reset()
         with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
             self.signal_phase.capturing = True
             try:
-                batch = self._engine().run(tasks, num_generations, rollout_index=self._rollout_index(mode))
+                return self._engine().run(tasks, num_generations, rollout_index=rollout_index)
             finally:
                 self.signal_phase.capturing = False
-        self.last_rollout = batch
+
+    def _background_rollout(self, tasks: list[dict[str, Any]], rollout_index: str) -> RolloutBatch:
+        """A one-step-off rollout, on the rollout thread: the behaviour generator, no model signal observing it (its
+        environment snapshots dropped at once: a checkpoint may store the rollout)."""
+        with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
+            engine = self._engine(self._behaviour_generator, self._behaviour_renderer)
+            batch = engine.run(tasks, self.num_generations, rollout_index=rollout_index)
+        self._drop_snapshots(batch)
+        return batch
+
+    def _drop_snapshots(self, batch: RolloutBatch) -> None:
         if self.rollout_topology.needs_snapshots:  # forks are done: environment copies would only hold memory
             for trajectory in batch.trajectories:
                 for step in trajectory.owned_steps:
                     step.snapshot = None
+
+    def _one_step_off_rollout(self, tasks: list[dict[str, Any]], num_generations: int) -> RolloutBatch:
+        """One-step-off (training.one_step_off): take the rollout prefetched for `tasks` (or generate it now, lag 0),
+        hand the current weights to the behaviour generator, start the next generation batch's rollout, and return
+        this one, its version checked."""
+        oso, step = self.one_step_off, self.state.global_step
+        rollout_index = self._rollout_index("train")
+        taken = oso.take(tasks_key(tasks))
+        if taken is None:  # the first rollout, the first of an epoch, or one set aside: the current policy, now
+            batch = self._roll_out(tasks, num_generations, rollout_index)
+            stamp_version(batch, step)
+            expected, lag = step, 0
+        else:  # started when the previous rollout was taken, with the weights of that step: lag 1
+            batch, expected, lag = taken.batch, self._last_take_step, 1
+            self.signal_phase.reset()
+        check_version(batch, expected, step)
+        self._last_take_step = step
+        metrics = self._metrics["train"]
+        metrics["async/staleness"].append(float(step - expected))  # in optimizer steps
+        metrics["async/lag_rollouts"].append(float(lag))
+        self._launch_next_rollout(num_generations, taken.finished_at if taken is not None else None)
+        for name, value in oso.timings().items():
+            metrics[name].append(value)
+        return batch
+
+    def _launch_next_rollout(self, num_generations: int, idle_since: float | None) -> None:
+        """Start the next generation batch's rollout in the background with the current weights, unless it is not in
+        sight (the epoch ends first) or training ends first."""
+        args, step = self.args, self.state.global_step
+        generate_every = args.steps_per_generation * self.num_iterations
+        upcoming = self.one_step_off.lookahead.peek(generate_every)
+        position = self._step % args.gradient_accumulation_steps + generate_every  # micro-steps into this step
+        next_step = step + position // args.gradient_accumulation_steps
+        ends_first = self.state.max_steps > 0 and next_step >= self.state.max_steps
+        if args.max_staleness == 0 or upcoming is None or ends_first:
+            return  # (staleness 0 runs through this machinery too, generating every rollout in place: the tests)
+        if self._behaviour_snapshot is not None:
+            if self._behaviour_version != step:
+                with profiling_context(self, "sync_weights"):
+                    self._behaviour_snapshot.sync(self.accelerator.unwrap_model(self.model))
+                self._behaviour_version = step
+        else:
+            self._sync_generator_weights()
+        count = (position % args.gradient_accumulation_steps) // generate_every  # rollouts at next_step before it
+        self.one_step_off.launch(tasks_of(upcoming, num_generations), tasks_key(tasks_of(upcoming, num_generations)),
+                                 step, f"train:{next_step}:{count}", idle_since)
+
+    def _score_rollout(self, batch: RolloutBatch, mode: str) -> dict[str, Any]:
+        """Stages 2 to 8 on a finished rollout: signals, credit, rows, the padded batch with its old and reference
+        log-probs, metrics and records."""
+        self.last_rollout = batch
+        self._drop_snapshots(batch)
         healthy, dropped = trainable_groups(batch.groups, self.args.min_healthy_episodes)
         self.compute_signals(healthy)  # stage 2: signals
         advantages = self.compute_advantages(healthy)  # stage 3: credit
@@ -515,19 +694,16 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         # Generation and optimisation are misaligned (or several passes reuse the rollout): keep the behaviour
         # policy's log-probs for the importance ratio. Otherwise the ratio is exactly 1 and TRL skips this, unless an
         # inference engine sampled the rollout: then they also give the engine-vs-trainer correction.
-        misaligned = args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
         rows = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         forward = functools.partial(forward_rows, self._get_per_token_logps_and_entropies, output, rows,
                                     args.max_tokens_per_forward)
         with torch.no_grad(), self._no_grad_forwards():
-            if misaligned or self._corrects_off_policy_sampling:
+            if self._defers_behaviour_weight:
+                pass  # π_prox is the loss forward's own (detached) log-probs: `_add_behaviour_weight`
+            elif self._misaligned or self._corrects_off_policy_sampling:
                 output["old_per_token_logps"] = forward(self.model)
-            if self._corrects_off_policy_sampling:  # TRL's vLLM importance-sampling correction, `sampling/` metrics
-                for name, value in add_importance_sampling_ratio(
-                    output, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
-                    self.vllm_importance_sampling_clip_max, self.accelerator.gather,
-                ).items():
-                    self._metrics[mode][name].append(value)
+            if self._corrects_off_policy_sampling and not self._defers_behaviour_weight:
+                self._add_importance_sampling_ratio(output, mode)
             if self.beta != 0.0:
                 with reference_model(self.model, self.ref_model, self.accelerator) as ref_model:
                     output["ref_per_token_logps"] = forward(ref_model)
@@ -554,10 +730,22 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                           compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
         return grouped_forward(parent, model, input_ids, attention_mask, logits_to_keep, pieces, compute_entropy)
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """`Trainer.get_batch_samples`; under one-step-off it also holds the next generation batch, pulled from the
+        epoch's iterator one generation early (`training.one_step_off.Lookahead`), so its rollout can start while
+        this one trains."""
+        if self.one_step_off is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        ahead = self.args.steps_per_generation * self.num_iterations
+        batch = self.one_step_off.lookahead.pull(epoch_iterator, num_batches, ahead)
+        return super().get_batch_samples(iter(batch), num_batches, device)
+
     def _prepare_inputs(self, generation_batch):
         # As GRPOTrainer._prepare_inputs, with `split_rows` instead of `split_tensor_dict` (which drops rows).
         if not self.model.training:
             return self._generate_and_score_completions(generation_batch)
+        if self.one_step_off is not None:
+            self.one_step_off.lookahead.consume()  # (this micro-batch leaves the look-ahead's stream)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
             output = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
@@ -597,9 +785,12 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             bounds = self.clip_bounds(inputs)
             with (
                 attribute_set(self, "use_vllm", True) if raise_flag else contextlib.nullcontext(),
+                attribute_set(self, "vllm_importance_sampling_correction", True) if self.args.max_staleness > 0
+                else contextlib.nullcontext(),
                 attribute_set(self, "epsilon_low", bounds[0]) if bounds is not None else contextlib.nullcontext(),
                 attribute_set(self, "epsilon_high", bounds[1]) if bounds is not None else contextlib.nullcontext(),
-                _capturing_policy_logps(self, captured, loss_inputs),
+                _capturing_policy_logps(self, captured, loss_inputs,
+                                        self._add_behaviour_weight if self._defers_behaviour_weight else None),
             ):
                 loss = super()._compute_loss(model, loss_inputs)
             if weight != 1.0:
@@ -648,6 +839,10 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             if checkpoint is not None:
                 self.rollout_totals.update(load_rollout_totals(checkpoint))
                 self.load_extra_state(checkpoint)
+                if self.one_step_off is not None:  # the rollout in flight when it was saved: trained first
+                    self.one_step_off.load(checkpoint, self.accelerator.process_index)
+                    if self.one_step_off.pending is not None:
+                        self._last_take_step = self.one_step_off.pending.version
             self.run_info = broadcast_object_list([write_run_info(self) if main else None])[0]
             self._trajectory_writer = None  # a new writer resumes after the shards already in output_dir
             self.stopped_by_signal = None
@@ -656,6 +851,9 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                                        None if checkpoint is None else checkpoint_step(checkpoint), main)
             self.add_callback(stop)
             self.add_callback(resume)  # (after `stop`, which may ask for a save at a step's end)
+            pending = PendingRolloutSaver(self) if self.one_step_off is not None else None
+            if pending is not None:
+                self.add_callback(pending)
             stop.install()
             try:
                 output = super().train(checkpoint, *args, **kwargs)
@@ -675,6 +873,9 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 stop.uninstall()
                 self.remove_callback(stop)
                 self.remove_callback(resume)
+                if pending is not None:
+                    self.remove_callback(pending)
+                    self.one_step_off.close()
                 self.env_pool.close()
         if stop.stopped_at is not None:
             saved = os.path.join(self.args.output_dir, f"checkpoint-{stop.stopped_at}")
@@ -834,13 +1035,26 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         self._trajectory_writer.write(batch, step_advantages, self.state.global_step)
 
 
+class PendingRolloutSaver(TrainerCallback):
+    """One-step-off: every checkpoint (on every process) holds the rollout in flight, drained, with its version."""
+
+    def __init__(self, trainer: AgentGRPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(folder):
+            self.trainer.one_step_off.save(folder, self.trainer.accelerator.process_index)
+
+
 @contextlib.contextmanager
-def _capturing_policy_logps(trainer: GRPOTrainer, store: dict[str, torch.Tensor], inputs: dict | None = None):
+def _capturing_policy_logps(trainer: GRPOTrainer, store: dict[str, torch.Tensor], inputs: dict | None = None,
+                            behaviour_weight: Callable[[dict, torch.Tensor], None] | None = None):
     """Keep the per-token log-probs (with their graph) that TRL's `_compute_loss` gets from its one call of
     `_get_per_token_logps_and_entropies` on the policy, so that an auxiliary loss reuses them (no second forward),
     and its per-token entropies (detached: `loss_entropies`);
     and, when the trainer overrides `loss_advantages`, put its advantages into `inputs` (the dict the loss reads
-    next) right after that forward."""
+    next) right after that forward; and `behaviour_weight(inputs, log-probs)` there too, when given."""
     original = trainer._get_per_token_logps_and_entropies
     rescale = inputs is not None and type(trainer).loss_advantages is not AgentGRPOTrainer.loss_advantages
 
@@ -849,6 +1063,8 @@ def _capturing_policy_logps(trainer: GRPOTrainer, store: dict[str, torch.Tensor]
         store["per_token_logps"] = out[0]
         if out[1] is not None:
             store["entropies"] = out[1].detach()
+        if behaviour_weight is not None and inputs is not None:
+            behaviour_weight(inputs, out[0])
         if rescale:
             advantages = trainer.loss_advantages(inputs, out[0])
             if advantages is not None:

@@ -202,7 +202,12 @@ class APPOTrainer(AgentGRPOTrainer):
     config_class = APPOConfig
     supports_trees = True  # branches share their origin's steps; credit/appo.py gives them 0 on every step
     methods = (
-        MethodInfo("appo", "arXiv 2606.12384", "trl_agents.credit.appo", title="APPO",
+        MethodInfo("appo", "arXiv 2606.12384", "trl_agents.credit.appo",
+                   max_staleness=0,
+                   staleness_reason=("its future-KL factor reads the drift between the policy and the sampler, which "
+                                     "staleness changes, and its split points need the current policy's entropies "
+                                     "mid-rollout"),
+                   title="APPO",
                    hook="topology (token_branching) + compute_advantages + loss_advantages",
                    inputs=("episode returns", "per-token entropies and current-policy log-probs (split points)",
                            "sampling log-probs", "old log-probs (future-KL scaling)"),

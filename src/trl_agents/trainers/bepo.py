@@ -138,7 +138,7 @@ class BEPOTrainer(AgentGRPOTrainer):
     _name = "BEPO"
     config_class = BEPOConfig
     methods = (
-        MethodInfo("bepo", "arXiv 2608.06861", "trl_agents.credit.bepo", title="Gated-BEPO",
+        MethodInfo("bepo", "arXiv 2608.06861", "trl_agents.credit.bepo", max_staleness=1, title="Gated-BEPO",
                    inputs=("episode returns", "step rewards", "state keys (graph nodes)",
                            "canonical actions (bepo_gate='actions' only)"),
                    tests=("tests/methods/bepo/",)),

@@ -160,7 +160,7 @@ class BiPACETrainer(AgentGRPOTrainer):
     _name = "BiPACE"
     config_class = BiPACEConfig
     methods = (
-        MethodInfo("bipace", "arXiv 2606.25556", "trl_agents.credit.bipace", title="BiPACE",
+        MethodInfo("bipace", "arXiv 2606.25556", "trl_agents.credit.bipace", max_staleness=1, title="BiPACE",
                    inputs=("episode returns", "step rewards",
                            "policy hidden states of the step prompts (layer hidden_layer)",
                            "action keys (info['action'] or the <action> text)"),

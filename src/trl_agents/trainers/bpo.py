@@ -102,7 +102,11 @@ class BPOTrainer(AgentGRPOTrainer):
     config_class = BPOConfig
     supports_trees = True  # credit/bpo.py charges a shared step once, to the path that owns it
     methods = (
-        MethodInfo("bpo", "arXiv 2607.14171", "trl_agents.credit.bpo", title="BPO",
+        MethodInfo("bpo", "arXiv 2607.14171", "trl_agents.credit.bpo",
+                   max_staleness=0,
+                   staleness_reason=("its branch points rank the current policy's entropies mid-rollout, which a "
+                                     "one-step-off rollout cannot compute on the weights being trained"),
+                   title="BPO",
                    hook="topology (branching) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)", "per-token entropies (branch points)"),
                    tests=("tests/methods/bpo/", "tests/methods/canopy/")),

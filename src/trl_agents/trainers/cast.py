@@ -104,7 +104,7 @@ class CASTTrainer(AgentGRPOTrainer):
     _name = "CAST"
     config_class = CASTConfig
     methods = (
-        MethodInfo("cast", "arXiv 2607.25308", "trl_agents.credit.cast", title="CAST",
+        MethodInfo("cast", "arXiv 2607.25308", "trl_agents.credit.cast", max_staleness=1, title="CAST",
                    inputs=("episode returns", "solver values N(s_t), N(s_t+1) of every step"),
                    tests=("tests/methods/cast/",)),
     )

@@ -145,7 +145,7 @@ class DarkRoomTrainer(EnvRLTrainer):
     _name = "DarkRoom"
     config_class = DarkRoomConfig
     methods = (
-        MethodInfo("dark_room", "arXiv 2607.21273", "trl_agents.distill.dark_room", title="Dark Room",
+        MethodInfo("dark_room", "arXiv 2607.21273", "trl_agents.distill.dark_room", max_staleness=1, title="Dark Room",
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns",
                            "next-observation predictions (<predict> blocks) and the observations that followed"),

@@ -138,7 +138,7 @@ class DPEPOTrainer(AgentGRPOTrainer):
     _name = "DPEPO"
     config_class = DPEPOConfig
     methods = (
-        MethodInfo("dpepo", "arXiv 2604.24320", "trl_agents.credit.dpepo", title="DPEPO",
+        MethodInfo("dpepo", "arXiv 2604.24320", "trl_agents.credit.dpepo", max_staleness=1, title="DPEPO",
                    hook="compute_advantages (+ the parallel environment)",
                    inputs=("episode returns", "per-copy actions of every turn (parallel environment step info)"),
                    tests=("tests/methods/dpepo/",)),

@@ -121,7 +121,7 @@ class ECPOTrainer(AgentGRPOTrainer):
     _name = "ECPO"
     config_class = ECPOConfig
     methods = (
-        MethodInfo("ecpo", "arXiv 2606.05885", "trl_agents.credit.ecpo", title="ECPO",
+        MethodInfo("ecpo", "arXiv 2606.05885", "trl_agents.credit.ecpo", max_staleness=1, title="ECPO",
                    inputs=("episode returns", "step rewards", "state keys",
                            "canonical actions (info['action'] / info['command'], else normalised text)"),
                    tests=("tests/methods/ecpo/",)),

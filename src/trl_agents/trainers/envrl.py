@@ -221,7 +221,7 @@ class EnvRLTrainer(GiGPOTrainer):
     _name = "EnvRL"
     config_class = EnvRLConfig
     methods = (
-        MethodInfo("envrl", "arXiv 2606.17680", "trl_agents.distill.envrl", title="EnvRL",
+        MethodInfo("envrl", "arXiv 2606.17680", "trl_agents.distill.envrl", max_staleness=1, title="EnvRL",
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns", "(s_t, a_t, o_{t+1}) transitions: step prompts, actions, next observations"),
                    tests=("tests/methods/envrl/",)),

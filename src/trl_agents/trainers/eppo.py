@@ -160,7 +160,7 @@ class EPPOTrainer(AgentGRPOTrainer):
     _name = "EPPO"
     config_class = EPPOConfig
     methods = (
-        MethodInfo("eppo", "arXiv 2607.07178", "trl_agents.credit.eppo", title="EPPO",
+        MethodInfo("eppo", "arXiv 2607.07178", "trl_agents.credit.eppo", max_staleness=1, title="EPPO",
                    hook="clip_bounds (per-task ε) + compute_auxiliary_loss (entropy sums, no loss)",
                    inputs=("episode returns", "task type per task (dataset column)", "per-token entropies of the loss"),
                    tests=("tests/methods/eppo/",)),

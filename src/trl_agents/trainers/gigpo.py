@@ -88,7 +88,7 @@ class GiGPOTrainer(AgentGRPOTrainer):
     _name = "GiGPO"
     config_class = GiGPOConfig
     methods = (
-        MethodInfo("gigpo", "arXiv 2505.10978", "trl_agents.credit.gigpo", title="GiGPO",
+        MethodInfo("gigpo", "arXiv 2505.10978", "trl_agents.credit.gigpo", max_staleness=1, title="GiGPO",
                    inputs=("episode returns", "step rewards", "state keys (observation text when the env has none)"),
                    tests=("tests/credit/test_credit.py", "tests/training/test_trainer.py")),
     )

@@ -243,7 +243,7 @@ class GRSDTrainer(AgentGRPOTrainer):
     _name = "GRSD"
     config_class = GRSDConfig
     methods = (
-        MethodInfo("grsd", "arXiv 2607.28076", "trl_agents.distill.grsd", title="GRSD",
+        MethodInfo("grsd", "arXiv 2607.28076", "trl_agents.distill.grsd", max_staleness=1, title="GRSD",
                    hook="compute_advantages + compute_auxiliary_loss",
                    inputs=("episode returns", "success labels", "policy reflections scored by a judge",
                            "teacher log-probs of the sampled actions under the group's guidance"),
@@ -273,6 +273,14 @@ class GRSDTrainer(AgentGRPOTrainer):
             self.judge.model = self.judge.model.to(self.accelerator.device)
         self._reflection_batch: list[tuple[list[int], list[int], float]] = []
         self._reflection_tokens = 0.0  # reflection tokens of the generation batch, over every process
+
+    @classmethod
+    def staleness_refusal(cls, args: Any) -> str | None:
+        """GRSD's reflection term is an on-policy surrogate (ratio 1): one-step-off only without it."""
+        if getattr(args, "grsd_reflect_coef", 0.0) > 0:
+            return ("GRSD's reflection term is an on-policy surrogate (its ratio is 1 only on the policy's own "
+                    "samples): set grsd_reflect_coef=0 to train one-step-off without it")
+        return super().staleness_refusal(args)
 
     @classmethod
     def signal_options(cls, args: Any) -> dict[str, dict[str, Any]]:

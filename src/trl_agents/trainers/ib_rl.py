@@ -365,7 +365,11 @@ class IBRLTrainer(AgentGRPOTrainer):
     signals = (ACTING_ROLE,)
     training_signals = (ACTING_ROLE,)
     methods = (
-        MethodInfo("ib_rl", "arXiv 2608.06735", "trl_agents.credit.ib_rl", title="IB-RL",
+        MethodInfo("ib_rl", "arXiv 2608.06735", "trl_agents.credit.ib_rl",
+                   max_staleness=0,
+                   staleness_reason=("its old log-probs would come from one adapter for both roles; each role's "
+                                     "update must see its own samples"),
+                   title="IB-RL",
                    hook="compute_advantages + compute_loss (one LoRA adapter, optimizer and scheduler per role)",
                    inputs=("each role's reward (info['role_rewards'])", "the acting role of each step (info['role'])"),
                    tests=("tests/methods/ib_rl/",)),

@@ -253,7 +253,11 @@ class IGRPOTrainer(AgentGRPOTrainer):
     config_class = IGRPOConfig
     supports_trees = True  # one value per leaf on its whole path; shared steps get the sum (docs/methods/igrpo.md)
     methods = (
-        MethodInfo("igrpo", "arXiv 2607.06223", "trl_agents.credit.igrpo", title="IGRPO",
+        MethodInfo("igrpo", "arXiv 2607.06223", "trl_agents.credit.igrpo",
+                   max_staleness=0,
+                   staleness_reason=("its tree grows on the current policy's gold-answer likelihood mid-rollout, "
+                                     "which a one-step-off rollout cannot compute on the weights being trained"),
+                   title="IGRPO",
                    hook="topology (info_gain) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)",
                            "gold-answer likelihood after each tool observation (model signal gold_likelihood)"),

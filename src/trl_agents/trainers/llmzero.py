@@ -70,7 +70,11 @@ class LLMZeroTrainer(AgentGRPOTrainer):
     _name = "LLMZero"
     config_class = LLMZeroConfig
     methods = (
-        MethodInfo("llmzero", "arXiv 2606.18388", "trl_agents.credit.grpo", title="LLMZero",
+        MethodInfo("llmzero", "arXiv 2606.18388", "trl_agents.credit.grpo",
+                   max_staleness=0,
+                   staleness_reason=("its controller changes the sampling settings between stages, and a rollout "
+                                     "prefetched across a stage boundary would use the old ones"),
+                   title="LLMZero",
                    hook="controller (outer loop)",
                    inputs=("stage metrics (reward, entropy, KL, clip fraction, turn length, zero-std groups)",
                            "held-out score before and after each stage"),

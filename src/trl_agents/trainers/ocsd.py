@@ -113,7 +113,7 @@ class OCSDTrainer(AgentGRPOTrainer):
     _name = "OCSD"
     config_class = OCSDConfig
     methods = (
-        MethodInfo("ocsd", "arXiv 2608.04788", "trl_agents.distill.ocsd", title="OCSD",
+        MethodInfo("ocsd", "arXiv 2608.04788", "trl_agents.distill.ocsd", max_staleness=1, title="OCSD",
                    inputs=("episode returns", "behaviour log-probs of the sampled actions",
                            ("teacher log-probs of the selected steps' actions under Full / Observation-Ablated "
                             "replay views (next observation vs a placeholder)")),

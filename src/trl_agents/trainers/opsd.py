@@ -134,7 +134,11 @@ class OPSDTrainer(AgentGRPOTrainer):
     _name = "OPSD"
     config_class = OPSDConfig
     methods = (
-        MethodInfo("opsd", "arXiv 2601.18734", "trl_agents.distill.opsd", title="OPSD",
+        MethodInfo("opsd", "arXiv 2601.18734", "trl_agents.distill.opsd",
+                   max_staleness=0,
+                   staleness_reason=("the sampled-token self-distillation estimator assumes the tokens were sampled "
+                                     "by the policy it trains, and an auxiliary loss gets no importance correction"),
+                   title="OPSD",
                    hook="compute_auxiliary_loss + policy_loss_weight",
                    inputs=("student log-probs / logits of the sampled actions",
                            "teacher under a privileged view (teacher prompt, or its log-probs)"),

@@ -240,7 +240,7 @@ class PATRTrainer(AgentGRPOTrainer):
     config_class = PATRConfig
     supports_trees = True  # GRPO over the leaves: each leaf's value on its whole path, shared steps summed by rows
     methods = (
-        MethodInfo("patr", "arXiv 2607.15610", "trl_agents.credit.patr", title="PATR",
+        MethodInfo("patr", "arXiv 2607.15610", "trl_agents.credit.patr", max_staleness=1, title="PATR",
                    hook="topology (patr) + compute_advantages",
                    inputs=("episode returns", "tree links (parent, fork step)",
                            "process scores of partial trajectories (solver cost-to-go, judge or reward model)"),

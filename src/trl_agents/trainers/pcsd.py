@@ -149,7 +149,11 @@ class PCSDTrainer(AgentGRPOTrainer):
     _name = "PCSD"
     config_class = PCSDConfig
     methods = (
-        MethodInfo("pcsd", "arXiv 2608.01837", "trl_agents.distill.pcsd", title="PCSD",
+        MethodInfo("pcsd", "arXiv 2608.01837", "trl_agents.distill.pcsd",
+                   max_staleness=0,
+                   staleness_reason=("the sampled-token self-distillation loss assumes the tokens were sampled by the "
+                                     "policy it trains, and an auxiliary loss gets no importance correction"),
+                   title="PCSD",
                    hook="compute_auxiliary_loss",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view",
                            "turn boundaries (the loss mask's runs)"),

@@ -137,7 +137,7 @@ class ProGPOTrainer(AgentGRPOTrainer):
     _name = "ProGPO"
     config_class = ProGPOConfig
     methods = (
-        MethodInfo("progpo", "arXiv 2607.04242", "trl_agents.credit.progpo", title="ProGPO",
+        MethodInfo("progpo", "arXiv 2607.04242", "trl_agents.credit.progpo", max_staleness=1, title="ProGPO",
                    inputs=("episode returns", "success labels", "step rewards",
                            "canonical actions (info['action'] or the reply)",
                            "state keys (observation text when the env has none)"),

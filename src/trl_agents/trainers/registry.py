@@ -39,6 +39,10 @@ class MethodInfo:
         inputs: What its credit or loss reads beyond rewards (e.g. "state keys", "teacher log-probs").
         defaults: Config values that define the method on top of its config class (e.g. Dr. GRPO's loss type).
         tests: Test files of the method, relative to the repository root.
+        max_staleness: The most weight updates a trained rollout may lag (`AgentGRPOConfig.max_staleness`): 1 once
+            the method is known to train on one-step-off rollouts (docs/async.md#one-step-off), 0 when it needs
+            on-policy data. Every method declares it (None is an undeclared method, refused).
+        staleness_reason: Why a method with `max_staleness=0` needs on-policy data (the one-line refusal).
     """
 
     name: str
@@ -49,6 +53,8 @@ class MethodInfo:
     inputs: tuple[str, ...] = ("episode returns",)
     defaults: dict[str, Any] = field(default_factory=dict)
     tests: tuple[str, ...] = ()
+    max_staleness: int | None = None
+    staleness_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,13 +137,20 @@ def declared_method(trainer) -> Method | None:
     """The registered method `trainer` runs: among those its own class declares (not a parent's: a user subclass
     runs no registered method), the one whose `defaults` the config matches, the most specific (so Dr. GRPO wins
     over GRPO); None when there is none."""
-    cls = type(trainer)
-    matching = [
-        Method(info, cls)
-        for info in vars(cls).get("methods", ())
-        if all(getattr(trainer.args, name, None) == value for name, value in info.defaults.items())
-    ]
-    return max(matching, key=lambda method: len(method.info.defaults)) if matching else None
+    info = matching_info(type(trainer), trainer.args)
+    return None if info is None else Method(info, type(trainer))
+
+
+def matching_info(cls: type, args: Any, inherited: bool = False) -> MethodInfo | None:
+    """The `MethodInfo` of `cls` whose `defaults` `args` matches, the most specific; with `inherited`, the nearest
+    class in the MRO that declares methods answers (a user subclass of a method's trainer is that method)."""
+    owners = [klass for klass in cls.__mro__ if "methods" in vars(klass)] if inherited else [cls]
+    for owner in owners:
+        matching = [info for info in vars(owner).get("methods", ())
+                    if all(getattr(args, name, None) == value for name, value in info.defaults.items())]
+        if matching:
+            return max(matching, key=lambda info: len(info.defaults))
+    return None
 
 
 def lookup(methods: dict[str, Method], name: str) -> Method:

@@ -119,7 +119,7 @@ class SCPOTrainer(GiGPOTrainer):
     _name = "SCPO"
     config_class = SCPOConfig
     methods = (
-        MethodInfo("scpo", "arXiv 2606.25852", "trl_agents.credit.scpo", title="SCPO",
+        MethodInfo("scpo", "arXiv 2606.25852", "trl_agents.credit.scpo", max_staleness=1, title="SCPO",
                    inputs=("episode returns", "success labels", "step rewards",
                            "step observations + canonical actions (scorer)",
                            "state keys (observation text when the env has none)"),

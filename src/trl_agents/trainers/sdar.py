@@ -72,11 +72,19 @@ class SDARTrainer(AgentGRPOTrainer):
     _name = "SDAR"
     config_class = SDARConfig
     methods = (
-        MethodInfo("sdar", "arXiv 2605.15155", "trl_agents.distill.sdar", title="SDAR",
+        MethodInfo("sdar", "arXiv 2605.15155", "trl_agents.distill.sdar",
+                   max_staleness=0,
+                   staleness_reason=("the sampled-token self-distillation loss assumes the tokens were sampled by the "
+                                     "policy it trains, and an auxiliary loss gets no importance correction"),
+                   title="SDAR",
                    hook="compute_auxiliary_loss",
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
                    tests=("tests/methods/opsd/", "tests/methods/sdar/")),
-        MethodInfo("grpo_opsd", "arXiv 2605.15155", "trl_agents.distill.sdar", title="GRPO+OPSD",
+        MethodInfo("grpo_opsd", "arXiv 2605.15155", "trl_agents.distill.sdar",
+                   max_staleness=0,
+                   staleness_reason=("the sampled-token self-distillation loss assumes the tokens were sampled by the "
+                                     "policy it trains, and an auxiliary loss gets no importance correction"),
+                   title="GRPO+OPSD",
                    hook="compute_auxiliary_loss", defaults={"sdar_gate_beta": 0.0},
                    inputs=("episode returns", "teacher log-probs of the sampled actions under a privileged view"),
                    tests=("tests/methods/opsd/", "tests/methods/sdar/")),

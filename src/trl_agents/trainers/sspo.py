@@ -181,7 +181,11 @@ class SSPOTrainer(AgentGRPOTrainer):
     _name = "3SPO"
     config_class = SSPOConfig
     methods = (
-        MethodInfo("3spo", "arXiv 2606.09961", "trl_agents.credit.sspo", title="3SPO",
+        MethodInfo("3spo", "arXiv 2606.09961", "trl_agents.credit.sspo",
+                   max_staleness=0,
+                   staleness_reason=("its state-visit table is written by credit while the next rollout's allocation "
+                                     "reads it"),
+                   title="3SPO",
                    hook="compute_advantages (+ topology 'state_score' with sspo_allocation='adaptive')",
                    inputs=("success flags", "state keys (observation text when the env has none)",
                            "persistent state-visit table", "env snapshots (sspo_allocation='adaptive')"),

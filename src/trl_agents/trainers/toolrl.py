@@ -268,7 +268,11 @@ class ToolRLTrainer(AgentGRPOTrainer):
     _name = "ToolRL"
     config_class = ToolRLConfig
     methods = (
-        MethodInfo("toolrl", "arXiv 2606.26027", "trl_agents.credit.toolrl", title="Tool-RL collapse fixes",
+        MethodInfo("toolrl", "arXiv 2606.26027", "trl_agents.credit.toolrl",
+                   max_staleness=0,
+                   staleness_reason=("its LUFFY shaping of forced tokens and its ratio of 1 at the first update "
+                                     "assume on-policy generation"),
+                   title="Tool-RL collapse fixes",
                    hook="topology (supervised) + loss_advantages + compute_auxiliary_loss + callbacks (monitor, SFT)",
                    inputs=("episode returns", "ground-truth actions (expert_plan / optimal_plan)",
                            "sampling log-probs of control tokens"),

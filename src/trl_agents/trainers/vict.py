@@ -91,7 +91,7 @@ class VICTTrainer(AgentGRPOTrainer):
     _name = "VICT"
     config_class = VICTConfig
     methods = (
-        MethodInfo("vict", "arXiv 2608.28128", "trl_agents.credit.vict", title="VICT",
+        MethodInfo("vict", "arXiv 2608.28128", "trl_agents.credit.vict", max_staleness=1, title="VICT",
                    inputs=("episode returns", "verifier atoms (env.verify(): status, witness step, dependencies)"),
                    tests=("tests/methods/vict/",)),
     )

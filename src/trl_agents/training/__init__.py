@@ -5,6 +5,7 @@
 |---|---|
 | `tasks` | dataset rows are tasks; TRL's generation batch back into its tasks |
 | (`trl_agents.rollout`) | the rollout: the engine, its topology, the environments and the generator |
+| `one_step_off` | `max_staleness=1`: the next rollout generating in the background while this one trains |
 | `signal_phase` | model signals on the rollout's healthy episodes (and mid-rollout for a topology) |
 | `grsd_phase` | GRSD's signal phase: reflections, their judge, the guidance and the student's scores (its trainer runs it) |
 | `credit_phase` | healthy and filtered groups; the value each recorded step is trained with |

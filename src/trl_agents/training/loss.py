@@ -27,6 +27,8 @@ from .forward import rows_per_forward
 # (a chunk weighs its share of the rows), "tokens" over the loss tokens (its share of the tokens).
 CHUNK_WEIGHTS = {"dapo": "global", "cispo": "global", "vespo": "global", "grpo": "rows", "sapo": "rows",
                  "dr_grpo": "rows", "luspo": "rows", "bnpo": "tokens"}
+# TRL's importance-sampling modes (GRPOConfig.vllm_importance_sampling_mode); also the behaviour weight's modes.
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def loss_chunks(
@@ -116,16 +118,45 @@ def batch_token_mean(values: torch.Tensor, mask: torch.Tensor, num_items_in_batc
 
 
 def add_importance_sampling_ratio(output: dict[str, Any], mode: str, clip_min: float | None, clip_max: float | None,
-                                  gather: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+                                  gather: Callable[[torch.Tensor], torch.Tensor],
+                                  changed_name: str | None = None) -> dict[str, float]:
     """TRL's vLLM importance-sampling correction (grpo_trainer.py in TRL 1.16) into `output`: the ratio between the
     trainer's and the engine's probability of the sampled tokens (`old_per_token_logps`, `sampling_per_token_logps`),
     per token or per row, truncated or masked, over the trained tokens only (environment tokens of conversation rows
-    excluded), as `importance_sampling_ratio`; returns TRL's `sampling/` metrics."""
+    excluded), as `importance_sampling_ratio`; returns TRL's `sampling/` metrics, plus, as `changed_name`, the share
+    of trained tokens whose weight the bounds changed (truncated or masked; `changed_fraction`)."""
     old, sampled = output["old_per_token_logps"], output["sampling_per_token_logps"]
     mask = loss_mask(output)
     ratio = importance_sampling_ratio(old, sampled, mask, mode, clip_min, clip_max)
     output["importance_sampling_ratio"] = ratio
-    return importance_sampling_metrics(old, sampled, ratio, mask, gather)
+    metrics = importance_sampling_metrics(old, sampled, ratio, mask, gather)
+    if changed_name is not None:
+        changed, total = changed_fraction(old, sampled, mask, mode, clip_min, clip_max)
+        metrics[changed_name] = (gather(changed).sum() / gather(total).sum().clamp(min=1)).item()
+    return metrics
+
+
+def changed_fraction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                     clip_min: float | None, clip_max: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trained tokens whose importance weight lies outside [clip_min, clip_max], so truncation or masking changed
+    it; trained tokens), as 0-d tensors. In `sequence_*` modes a row's tokens count together.
+
+    Example: weights e^0.2 = 1.22 and e^1 = 2.72 against C = 2 (and a NaN, uncorrected, token):
+        >>> old, sampled = torch.tensor([[-1.0, -1.0, -1.0]]), torch.tensor([[-1.2, -2.0, float("nan")]])
+        >>> changed_fraction(old, sampled, torch.ones(1, 3), "token_truncate", None, 2.0)
+        (tensor(1.), tensor(3.))
+    """
+    mask = mask.float()
+    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence_"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
+    ratio = torch.exp(log_ratio)
+    outside = torch.zeros_like(ratio, dtype=torch.bool)
+    if clip_max is not None:
+        outside |= ratio > clip_max
+    if clip_min is not None:
+        outside |= ratio < clip_min
+    return (outside.float() * mask).sum(), mask.sum()
 
 
 def importance_sampling_metrics(old: torch.Tensor, sampled: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor,
@@ -180,10 +211,8 @@ def importance_sampling_ratio(
         low = -math.inf if clip_min is None else clip_min
         high = math.inf if clip_max is None else clip_max
         return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-    raise ValueError(
-        f"vllm_importance_sampling_mode must be one of 'token_truncate', 'token_mask', 'sequence_truncate', "
-        f"'sequence_mask', got {mode!r}"
-    )
+    modes = ", ".join(map(repr, IMPORTANCE_SAMPLING_MODES))
+    raise ValueError(f"vllm_importance_sampling_mode must be one of {modes}, got {mode!r}")
 
 
 @contextlib.contextmanager
