@@ -384,12 +384,18 @@ class RecordingServer(LoopbackVLLMServer):
 
 
 class LossInputsTrainer(AgentGRPOTrainer):
-    """Records the importance-sampling inputs of every loss call."""
+    """Records the importance-sampling inputs of every loss call (`seen`), and every importance weight computed
+    (`weighted`: when the rollout is scored, or, under one-step-off, inside the loss from its own forward)."""
 
     def _compute_loss(self, model, inputs):
         self.seen = getattr(self, "seen", [])
         self.seen.append({key: inputs.get(key) for key in ("importance_sampling_ratio", "sampling_per_token_logps")})
         return super()._compute_loss(model, inputs)
+
+    def _add_importance_sampling_ratio(self, output, mode):
+        super()._add_importance_sampling_ratio(output, mode)
+        self.weighted = getattr(self, "weighted", [])
+        self.weighted.append({key: output[key] for key in ("importance_sampling_ratio", "sampling_per_token_logps")})
 
 
 def agent_config(tmp_path, **overrides):
@@ -619,7 +625,9 @@ def test_one_step_off_through_a_vllm_server_syncs_between_rollouts_and_corrects_
     assert in_flight == [False, False]
     logs = [h for h in trainer.state.log_history if "async/lag_rollouts" in h]
     assert [log["async/lag_rollouts"] for log in logs] == [0.0, 1.0, 1.0]
-    for seen in trainer.seen:
-        ratio, sampled = seen["importance_sampling_ratio"], seen["sampling_per_token_logps"]
+    # one weight per loss call, from the loss's own forward (one optimizer step per generation batch)
+    assert len(trainer.weighted) == len(trainer.seen) == 3
+    for weighted in trainer.weighted:
+        ratio, sampled = weighted["importance_sampling_ratio"], weighted["sampling_per_token_logps"]
         assert ratio.shape == sampled.shape and float(ratio.max()) <= 2.0  # per token, truncated at C
-    assert any(not torch.allclose(seen["importance_sampling_ratio"], torch.ones(())) for seen in trainer.seen[1:])
+    assert any(not torch.allclose(w["importance_sampling_ratio"], torch.ones(())) for w in trainer.weighted[1:])
