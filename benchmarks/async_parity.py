@@ -153,7 +153,9 @@ def main() -> None:
     settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
     text = (f"# One-step-off learning parity (corridor evidence test-bed)\n\nWritten by `python "
             f"benchmarks/async_parity.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; settings "
-            f"{json.dumps(settings)}; {args.jobs} runs at a time, {args.threads} CPU thread(s) each.\n\n{table}\n")
+            f"{json.dumps(settings)}; "
+            + ("a report of the recorded runs (`--report_only`; each run's wall time is in the json)" if args.report_only
+               else f"{args.jobs} runs at a time, {args.threads} CPU thread(s) each") + f".\n\n{table}\n")
     atomic_write(str(RESULTS / "async_parity.md"), text)
     print(text)
 
