@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,34 +55,8 @@ def run_arm(method: str, seed: int, args, output_root: Path) -> dict:
 
 
 def sweep(args) -> list[dict]:
-    path = RESULTS / "async_parity.json"
-    settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
-    previous = json.loads(path.read_text()) if path.exists() else {"rows": []}
-    rows = [r for r in previous["rows"] if r.get("settings") == settings and r["status"] == "ok"]
-    done = {(r["method"], r["seed"]) for r in rows}
-    todo = [(m, s) for s in args.seeds for m in args.arms if (m, s) not in done]
-    output_root = Path(args.output_root)
-    started = time.monotonic()
-
-    def record(row: dict) -> None:
-        row["settings"] = settings
-        if row["status"] == "ok":
-            rows.append(row)
-        shown = {k: row.get(k) for k in ("method", "seed", "status", "before", "after", "rl_generated_tokens",
-                                          "rl_steps", "async/is_truncated_frac", "wall_seconds", "reason")
-                 if row.get(k) is not None}
-        print(f"{json.dumps(shown)}  (elapsed {(time.monotonic() - started) / 60:.1f} min)", flush=True)
-        atomic_write(str(path), json.dumps({"settings": settings, "rows": rows}, indent=1))
-
-    # A seed's first run makes its warm start (alone), then the other arm reuses it.
-    first = [(m, s) for m, s in todo if m == "grpo"
-             and not (output_root / f"seed-{s}" / "warm-start" / "config.json").exists()]
-    rest = [item for item in todo if item not in first]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for batch in (first, rest):
-            for future in as_completed([pool.submit(run_arm, m, s, args, output_root) for m, s in batch]):
-                record(future.result())
-    return rows
+    """evidence.py's sweep over this comparison's arms, into async_parity.json."""
+    return evidence.sweep(args, args.arms, RESULTS / "async_parity.json", run_arm)
 
 
 def report(rows: list[dict]) -> str:
@@ -151,11 +124,11 @@ def main() -> None:
     rows = (json.loads((RESULTS / "async_parity.json").read_text())["rows"] if args.report_only else sweep(args))
     table = report(rows)
     settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
+    how = ("a report of the recorded runs (`--report_only`; each run's wall time is in the json)" if args.report_only
+           else f"{args.jobs} runs at a time, {args.threads} CPU thread(s) each")
     text = (f"# One-step-off learning parity (corridor evidence test-bed)\n\nWritten by `python "
             f"benchmarks/async_parity.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; settings "
-            f"{json.dumps(settings)}; "
-            + ("a report of the recorded runs (`--report_only`; each run's wall time is in the json)" if args.report_only
-               else f"{args.jobs} runs at a time, {args.threads} CPU thread(s) each") + f".\n\n{table}\n")
+            f"{json.dumps(settings)}; {how}.\n\n{table}\n")
     atomic_write(str(RESULTS / "async_parity.md"), text)
     print(text)
 

@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -196,13 +197,19 @@ def run_one(method: str, seed: int, args, output_root: Path) -> dict:
     }
 
 
-def sweep(args) -> list[dict]:
-    json_path = RESULTS / "evidence.json"
+def sweep(args, methods: list[str] | None = None, json_path: Path | None = None,
+          run: Callable[..., dict] | None = None) -> list[dict]:
+    """Every (method, seed) run not yet recorded in `json_path` under these settings, `args.jobs` at a time, each
+    recorded as it finishes. Defaults: `args.methods`, evidence.json, `run_one`; benchmarks/async_parity.py passes
+    its arms, its file and its runner."""
+    methods = args.methods if methods is None else methods
+    json_path = RESULTS / "evidence.json" if json_path is None else json_path
+    run = run_one if run is None else run
     settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
     previous = json.loads(json_path.read_text()) if json_path.exists() else {"rows": []}
     rows = [r for r in previous["rows"] if r.get("settings") == settings and r["status"] == "ok"]
     done = {(r["method"], r["seed"]) for r in rows}
-    todo = [(m, s) for s in args.seeds for m in args.methods if (m, s) not in done]
+    todo = [(m, s) for s in args.seeds for m in methods if (m, s) not in done]
     output_root = Path(args.output_root)
     started, finished = time.monotonic(), 0
 
@@ -215,19 +222,20 @@ def sweep(args) -> list[dict]:
         elapsed = time.monotonic() - started
         eta = elapsed / finished * (len(todo) - finished)
         shown = {k: row.get(k) for k in ("method", "seed", "status", "before", "after", "rl_generated_tokens",
-                                          "rl_episodes", "wall_seconds", "reason") if row.get(k) is not None}
+                                          "rl_episodes", "rl_steps", "async/is_truncated_frac", "wall_seconds",
+                                          "reason") if row.get(k) is not None}
         print(f"[{finished}/{len(todo)}] {json.dumps(shown)}  (elapsed {elapsed / 60:.1f} min, eta {eta / 60:.1f} min)",
               flush=True)
         atomic_write(str(json_path), json.dumps({"settings": settings, "rows": rows}, indent=1))  # never half-written
 
     # The first run of a seed makes its warm start: those run first, `jobs` at a time, then everything else.
-    first = [next((m, s) for m in [BASELINE, *args.methods] if (m, s) in todo) for s in args.seeds
+    first = [next((m, s) for m in [BASELINE, *methods] if (m, s) in todo) for s in args.seeds
              if not (output_root / f"seed-{s}" / "warm-start" / "config.json").exists()
-             and any((m, s) in todo for m in args.methods)]
+             and any((m, s) in todo for m in methods)]
     rest = [item for item in todo if item not in first]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for batch in (first, rest):
-            futures = [pool.submit(run_one, method, seed, args, output_root) for method, seed in batch]
+            futures = [pool.submit(run, method, seed, args, output_root) for method, seed in batch]
             for future in as_completed(futures):  # recorded as each finishes: a killed sweep loses only running runs
                 record(future.result())
     return rows

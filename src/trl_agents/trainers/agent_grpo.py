@@ -536,11 +536,16 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 ) or self.args.max_staleness > 0
 
     @property
+    def _generate_every(self) -> int:
+        """Micro-steps between two generations (TRL's): a generation batch feeds `steps_per_generation` micro-batches,
+        `num_iterations` times."""
+        return self.args.steps_per_generation * self.num_iterations
+
+    @property
     def _misaligned(self) -> bool:
         """A generation batch is trained over more than one optimizer step (generation and optimisation misaligned,
         or later passes of `num_iterations` in later steps): its micro-batches meet different weights."""
-        args = self.args
-        return args.gradient_accumulation_steps % (args.steps_per_generation * self.num_iterations) != 0
+        return self.args.gradient_accumulation_steps % self._generate_every != 0
 
     @property
     def _defers_behaviour_weight(self) -> bool:
@@ -595,9 +600,11 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         with self.rollout_progress.track() if self.rollout_progress else contextlib.nullcontext():
             self.signal_phase.capturing = True
             try:
-                return self._engine().run(tasks, num_generations, rollout_index=rollout_index)
+                batch = self._engine().run(tasks, num_generations, rollout_index=rollout_index)
             finally:
                 self.signal_phase.capturing = False
+        self._drop_snapshots(batch)
+        return batch
 
     def _background_rollout(self, tasks: list[dict[str, Any]], rollout_index: str) -> RolloutBatch:
         """A one-step-off rollout, on the rollout thread: the behaviour generator, no model signal observing it (its
@@ -609,6 +616,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         return batch
 
     def _drop_snapshots(self, batch: RolloutBatch) -> None:
+        """After a rollout (in place or in the background), before anything keeps it."""
         if self.rollout_topology.needs_snapshots:  # forks are done: environment copies would only hold memory
             for trajectory in batch.trajectories:
                 for step in trajectory.owned_steps:
@@ -641,8 +649,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
     def _launch_next_rollout(self, num_generations: int, idle_since: float | None) -> None:
         """Start the next generation batch's rollout in the background with the current weights, unless it is not in
         sight (the epoch ends first) or training ends first."""
-        args, step = self.args, self.state.global_step
-        generate_every = args.steps_per_generation * self.num_iterations
+        args, step, generate_every = self.args, self.state.global_step, self._generate_every
         upcoming = self.one_step_off.lookahead.peek(generate_every)
         position = self._step % args.gradient_accumulation_steps + generate_every  # micro-steps into this step
         next_step = step + position // args.gradient_accumulation_steps
@@ -657,14 +664,13 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         else:
             self._sync_generator_weights()
         count = (position % args.gradient_accumulation_steps) // generate_every  # rollouts at next_step before it
-        self.one_step_off.launch(tasks_of(upcoming, num_generations), tasks_key(tasks_of(upcoming, num_generations)),
-                                 step, f"train:{next_step}:{count}", idle_since)
+        tasks = tasks_of(upcoming, num_generations)
+        self.one_step_off.launch(tasks, tasks_key(tasks), step, f"train:{next_step}:{count}", idle_since)
 
     def _score_rollout(self, batch: RolloutBatch, mode: str) -> dict[str, Any]:
         """Stages 2 to 8 on a finished rollout: signals, credit, rows, the padded batch with its old and reference
         log-probs, metrics and records."""
         self.last_rollout = batch
-        self._drop_snapshots(batch)
         healthy, dropped = trainable_groups(batch.groups, self.args.min_healthy_episodes)
         self.compute_signals(healthy)  # stage 2: signals
         advantages = self.compute_advantages(healthy)  # stage 3: credit
@@ -698,12 +704,11 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         forward = functools.partial(forward_rows, self._get_per_token_logps_and_entropies, output, rows,
                                     args.max_tokens_per_forward)
         with torch.no_grad(), self._no_grad_forwards():
-            if self._defers_behaviour_weight:
-                pass  # π_prox is the loss forward's own (detached) log-probs: `_add_behaviour_weight`
-            elif self._misaligned or self._corrects_off_policy_sampling:
-                output["old_per_token_logps"] = forward(self.model)
-            if self._corrects_off_policy_sampling and not self._defers_behaviour_weight:
-                self._add_importance_sampling_ratio(output, mode)
+            if not self._defers_behaviour_weight:  # (else the loss's own forward gives them: `_add_behaviour_weight`)
+                if self._misaligned or self._corrects_off_policy_sampling:
+                    output["old_per_token_logps"] = forward(self.model)
+                if self._corrects_off_policy_sampling:
+                    self._add_importance_sampling_ratio(output, mode)
             if self.beta != 0.0:
                 with reference_model(self.model, self.ref_model, self.accelerator) as ref_model:
                     output["ref_per_token_logps"] = forward(ref_model)
@@ -736,8 +741,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         this one trains."""
         if self.one_step_off is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
-        ahead = self.args.steps_per_generation * self.num_iterations
-        batch = self.one_step_off.lookahead.pull(epoch_iterator, num_batches, ahead)
+        batch = self.one_step_off.lookahead.pull(epoch_iterator, num_batches, self._generate_every)
         return super().get_batch_samples(iter(batch), num_batches, device)
 
     def _prepare_inputs(self, generation_batch):
@@ -746,8 +750,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             return self._generate_and_score_completions(generation_batch)
         if self.one_step_off is not None:
             self.one_step_off.lookahead.consume()  # (this micro-batch leaves the look-ahead's stream)
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self._step % generate_every == 0 or self._buffered_inputs is None:
+        if self._step % self._generate_every == 0 or self._buffered_inputs is None:
             output = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
             self._buffered_inputs = split_rows(output, self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]

@@ -147,16 +147,8 @@ def changed_fraction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask
         (tensor(1.), tensor(3.))
     """
     mask = mask.float()
-    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence_"):
-        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
-    ratio = torch.exp(log_ratio)
-    outside = torch.zeros_like(ratio, dtype=torch.bool)
-    if clip_max is not None:
-        outside |= ratio > clip_max
-    if clip_min is not None:
-        outside |= ratio < clip_min
-    return (outside.float() * mask).sum(), mask.sum()
+    outside = _out_of_bounds(_unbounded_ratio(old_logps, sampling_logps, mask, mode), clip_min, clip_max)
+    return (outside.expand_as(mask).float() * mask).sum(), mask.sum()
 
 
 def importance_sampling_metrics(old: torch.Tensor, sampled: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor,
@@ -201,18 +193,30 @@ def importance_sampling_ratio(
         >>> importance_sampling_ratio(old, sampled, torch.ones(1, 2), "sequence_mask", None, 1.5)
         tensor([[0.]])
     """
-    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence_"):
-        log_ratio = log_ratio.sum(dim=-1, keepdim=True)
-    ratio = torch.exp(log_ratio)
+    ratio = _unbounded_ratio(old_logps, sampling_logps, mask, mode)
     if mode in ("token_truncate", "sequence_truncate"):
         return torch.clamp(ratio, min=clip_min, max=clip_max)
     if mode in ("token_mask", "sequence_mask"):
-        low = -math.inf if clip_min is None else clip_min
-        high = math.inf if clip_max is None else clip_max
-        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+        return ratio.masked_fill(_out_of_bounds(ratio, clip_min, clip_max), 0.0)
     modes = ", ".join(map(repr, IMPORTANCE_SAMPLING_MODES))
     raise ValueError(f"vllm_importance_sampling_mode must be one of {modes}, got {mode!r}")
+
+
+def _unbounded_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                     mode: str) -> torch.Tensor:
+    """exp(old - sampling) over the masked tokens, before any bound: (B, T) per token, (B, 1) per row in `sequence_*`
+    modes; a NaN sampling log-prob contributes a zero log-ratio."""
+    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence_"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True)
+    return torch.exp(log_ratio)
+
+
+def _out_of_bounds(ratio: torch.Tensor, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """Where `ratio` lies outside [clip_min, clip_max] (None = unbounded): what truncation or masking changes."""
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return (ratio < low) | (ratio > high)
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ..fileio import atomic_write
 from ..trajectory import RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -203,17 +204,14 @@ class OneStepOff:
             return
         record = {"key": pending.key, "version": pending.version, "rollout_index": pending.rollout_index,
                   "batch": pending.batch}
-        path = os.path.join(folder, PENDING_FILE.format(rank=rank))
         try:
-            with open(path + ".tmp", "wb") as file:
-                pickle.dump(record, file)
+            data = pickle.dumps(record)
         except (pickle.PicklingError, TypeError, AttributeError) as err:  # e.g. an env put an object in step.info
-            os.remove(path + ".tmp")
             logger.warning("one-step-off: the rollout in flight cannot be stored with %s (%s: %s); a run resumed there "
                            "generates that step's rollout again, from the checkpoint's weights", folder,
                            type(err).__name__, err)
             return
-        os.replace(path + ".tmp", path)
+        atomic_write(os.path.join(folder, PENDING_FILE.format(rank=rank)), data)
 
     def load(self, folder: str, rank: int) -> None:
         """Read the rollout a checkpoint holds (none: nothing was in flight when it was written)."""
