@@ -197,9 +197,80 @@ def test_a_rollout_that_raises_in_the_background_stops_the_run_with_its_message(
         trainer.train()
 
 
+def test_a_token_budget_stop_leaves_no_rollout_generated_for_a_step_that_does_not_come(tiny_model, tokenizer,
+                                                                                         tmp_path, monkeypatch):
+    # The weight-independent generator: both runs generate the same tokens. The budget is what the sync run's first
+    # 3 rollouts generated, so both stop after step 3 of 10. One-step-off generates rollout 1 in place and launches
+    # those of steps 2 and 3 in the background; once rollout 3 brings the total to the budget, the rollout of step 4
+    # (which would never be trained) is not started.
+    settings = dict(max_steps=10, deterministic_sampling=True, logging_steps=1)
+    sync = AgentGRPOTrainer(model=tiny_model, args=config(tmp_path / "0", **settings), train_dataset=tasks(16),
+                            processing_class=tokenizer, generator=SeededScriptGenerator(tokenizer, ACTIONS))
+    sync.train()
+    per_step = [log["rollout/generated_tokens"] for log in sync.state.log_history if "rollout/generated_tokens" in log]
+    budget = int(sum(per_step[:3]))
+    launched = []
+    launch = OneStepOff.launch
+    monkeypatch.setattr(OneStepOff, "launch", lambda self, *args: launched.append(args[3]) or launch(self, *args))
+    runs = {}
+    for staleness in (0, 1):
+        runs[staleness] = AgentGRPOTrainer(
+            model=tiny_model, args=config(tmp_path / f"budget-{staleness}", max_generated_tokens=budget,
+                                          max_staleness=staleness, **settings),
+            train_dataset=tasks(16), processing_class=tokenizer, generator=SeededScriptGenerator(tokenizer, ACTIONS))
+        runs[staleness].train()
+    assert [runs[s].state.global_step for s in (0, 1)] == [3, 3]
+    assert runs[1].rollout_totals == runs[0].rollout_totals and runs[1].rollout_totals["generated_tokens"] == budget
+    assert launched == ["train:1:0", "train:2:0"]  # rollout keys of (optimizer step, rollout in the step)
+    assert rows(tmp_path / "budget-1") == rows(tmp_path / "budget-0")
+
+
+def test_a_lora_policys_behaviour_snapshot_copies_the_adapter_and_shares_the_base(tiny_model, tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(tiny_model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    snapshot = oso.BehaviourSnapshot(policy)
+    pairs = list(zip(snapshot.model.named_parameters(), policy.named_parameters(), strict=True))
+    adapter = [name for (name, _), (_, theirs) in pairs if theirs.requires_grad]
+    assert adapter and all("lora_" in name for name in adapter)
+    assert all((mine is theirs) == (not theirs.requires_grad) for (_, mine), (_, theirs) in pairs)
+    assert snapshot.shared == len(pairs) - len(adapter) > 0
+    trained_bytes = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad)
+    assert snapshot.nbytes == trained_bytes + sum(b.numel() * b.element_size() for b in policy.buffers())
+    # An update of the adapter reaches the snapshot at the next sync, and then both give the same logits.
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    policy.eval()
+    assert not torch.equal(snapshot.model(ids).logits, policy(ids).logits)
+    snapshot.sync(policy)
+    torch.testing.assert_close(snapshot.model(ids).logits, policy(ids).logits, rtol=0, atol=0)
+    # A frozen (shared) weight that starts training would be read by the generator while it changes: refused.
+    next(p for p in policy.parameters() if not p.requires_grad).requires_grad_(True)
+    with pytest.raises(RuntimeError, match="frozen when the behaviour snapshot was made now trains"):
+        snapshot.sync(policy)
+
+
+def test_a_lora_policy_trains_one_step_off_on_its_behaviour_snapshot(tiny_model, tokenizer, tmp_path):
+    from peft import LoraConfig
+
+    trainer = AgentGRPOTrainer(
+        model=tiny_model, args=config(tmp_path, max_steps=3, max_staleness=1, logging_steps=1),
+        train_dataset=tasks(), processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    base = {id(p) for p in trainer.model.parameters() if not p.requires_grad}
+    assert {id(p) for p in trainer._behaviour_snapshot.model.parameters()} & base == base  # the base: shared
+    trainer.train()
+    logs = [log for log in trainer.state.log_history if "async/lag_rollouts" in log]
+    assert [log["async/lag_rollouts"] for log in logs] == [0.0, 1.0, 1.0]
+    assert [step - version for step, version in versions(tmp_path)] == [0] * 24 + [1] * 48  # 24 rows a step
+
+
 def test_the_behaviour_snapshot_is_refused_when_it_does_not_fit(tiny_model, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(oso, "_free_memory", lambda device: 1000)
-    with pytest.raises(ValueError, match=r"copy of the weights .* is free on cpu: generate with a vLLM server"):
+    with pytest.raises(ValueError, match=r"copy of the trained weights .* is free on cpu: generate with a vLLM server"):
         AgentGRPOTrainer(model=tiny_model, args=config(tmp_path, max_staleness=1), train_dataset=tasks(),
                          processing_class=tokenizer)
 

@@ -209,3 +209,18 @@ def test_max_generated_tokens_stops_training_and_the_total_survives_a_resume(tin
     assert again.rollout_totals["episodes"] == 16.0 and again.rollout_totals["generated_tokens"] > first["generated_tokens"]
     with pytest.raises(ValueError, match="max_generated_tokens must be >= 1"):
         make_config(AgentGRPOConfig, tmp_path, max_generated_tokens=0)
+
+
+def test_the_token_budget_stop_keeps_the_optimizer_step_under_gradient_accumulation(tiny_model, tokenizer, tmp_path):
+    # Gradient accumulation 2: the rollout is scored (and the budget of 1 token crossed) in the first micro-batch of
+    # step 1. The stop comes at the step's end: the second micro-batch and the optimizer step still run (raising the
+    # Trainer's stop flag at once would leave its loop after the first micro-batch, with no update at all).
+    config = make_config(AgentGRPOConfig, tmp_path, max_steps=4, max_generated_tokens=1, per_device_train_batch_size=4,
+                         gradient_accumulation_steps=2)
+    before = snapshot(tiny_model)
+    trainer = AgentGRPOTrainer(model=tiny_model, args=config, train_dataset=Dataset.from_list(TASKS),
+                               processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert len([log for log in trainer.state.log_history if "loss" in log]) == 1
+    assert any(not torch.equal(before[name], p) for name, p in tiny_model.named_parameters())

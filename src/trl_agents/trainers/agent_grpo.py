@@ -641,14 +641,15 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         metrics = self._metrics["train"]
         metrics["async/staleness"].append(float(step - expected))  # in optimizer steps
         metrics["async/lag_rollouts"].append(float(lag))
-        self._launch_next_rollout(num_generations, taken.finished_at if taken is not None else None)
+        self._launch_next_rollout(batch, num_generations, taken.finished_at if taken is not None else None)
         for name, value in oso.timings().items():
             metrics[name].append(value)
         return batch
 
-    def _launch_next_rollout(self, num_generations: int, idle_since: float | None) -> None:
+    def _launch_next_rollout(self, batch: RolloutBatch, num_generations: int, idle_since: float | None) -> None:
         """Start the next generation batch's rollout in the background with the current weights, unless it is not in
-        sight (the epoch ends first) or training ends first."""
+        sight (the epoch ends first) or training ends first (`max_steps`, or `max_generated_tokens` reached with
+        `batch`: the stop comes after this optimizer step, so a rollout for a later step would never be trained)."""
         args, step, generate_every = self.args, self.state.global_step, self._generate_every
         upcoming = self.one_step_off.lookahead.peek(generate_every)
         position = self._step % args.gradient_accumulation_steps + generate_every  # micro-steps into this step
@@ -656,6 +657,13 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         ends_first = self.state.max_steps > 0 and next_step >= self.state.max_steps
         if args.max_staleness == 0 or upcoming is None or ends_first:
             return  # (staleness 0 runs through this machinery too, generating every rollout in place: the tests)
+        if args.max_generated_tokens is not None and next_step > step:
+            # The same total `_log_rollout` will compare with the budget once `batch` is scored (over processes).
+            local = torch.tensor([batch.stats.get("generated_tokens", 0.0)], dtype=torch.float64,
+                                 device=self.accelerator.device)
+            spent = self.rollout_totals["generated_tokens"] + self.accelerator.reduce(local, reduction="sum").item()
+            if spent >= args.max_generated_tokens:
+                return
         if self._behaviour_snapshot is not None:
             if self._behaviour_version != step:
                 with profiling_context(self, "sync_weights"):
@@ -857,6 +865,9 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             pending = PendingRolloutSaver(self) if self.one_step_off is not None else None
             if pending is not None:
                 self.add_callback(pending)
+            budget = GeneratedTokenBudget(self) if self.args.max_generated_tokens is not None else None
+            if budget is not None:
+                self.add_callback(budget)
             stop.install()
             try:
                 output = super().train(checkpoint, *args, **kwargs)
@@ -879,6 +890,8 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 if pending is not None:
                     self.remove_callback(pending)
                     self.one_step_off.close()
+                if budget is not None:
+                    self.remove_callback(budget)
                 self.env_pool.close()
         if stop.stopped_at is not None:
             saved = os.path.join(self.args.output_dir, f"checkpoint-{stop.stopped_at}")
@@ -1017,9 +1030,6 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             for key in self.rollout_totals:
                 if f"rollout/{key}" in values:
                     self.rollout_totals[key] += values[f"rollout/{key}"]
-            budget = self.args.max_generated_tokens
-            if budget is not None and self.rollout_totals["generated_tokens"] >= budget:
-                self.control.should_training_stop = True  # after this optimizer step (the Trainer's loop checks it)
         self._metrics[mode]["num_tokens"] = [self.state.num_input_tokens_seen]
         if self.log_completions:  # TRL's completions table, one entry per episode of every process
             log_completions(self._logs, gather_object(completion_entries(batch, step_advantages)))
@@ -1036,6 +1046,20 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
                 unrecorded_signals=self.signal_phase.unrecorded,
             )
         self._trajectory_writer.write(batch, step_advantages, self.state.global_step)
+
+
+class GeneratedTokenBudget(TrainerCallback):
+    """`max_generated_tokens`: stop at the end of the optimizer step whose rollouts brought the training rollouts'
+    generated tokens (summed over processes, the same on every process) to the budget. At a step's end, not when the
+    rollout is scored: the Trainer leaves its micro-batch loop as soon as the flag is up, which under gradient
+    accumulation would drop the step's remaining micro-batches and its optimizer step."""
+
+    def __init__(self, trainer: AgentGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer.rollout_totals["generated_tokens"] >= args.max_generated_tokens:
+            control.should_training_stop = True
 
 
 class PendingRolloutSaver(TrainerCallback):

@@ -246,8 +246,9 @@ class AgentGRPOConfig(GRPOConfig):
         "step s-1 generated, hands the weights of step s to the generator (nothing is in flight then), starts the "
         "next rollout in the background and trains, so rollout and update overlap. Nothing is dropped for "
         "staleness; TRL's loss corrects with the behaviour weight (behaviour_weight_mode / _cap). A vLLM server "
-        "generates while the trainer trains; the built-in generator uses a copy of the weights (refused when it "
-        "does not fit). Methods that need on-policy data refuse 1 (`trl-agents methods`). See docs/async.md."},
+        "generates while the trainer trains; the built-in generator uses a copy of the trained weights (frozen "
+        "ones, e.g. a LoRA base, are shared; refused when the copy does not fit). Methods that need on-policy data "
+        "refuse 1 (`trl-agents methods`). See docs/async.md."},
     )
     behaviour_weight_mode: str = field(
         default="token_truncate",

@@ -20,7 +20,8 @@ s+1 takes R_{s+1}).
   checkpoint or an evaluation, the pending rollout written with a checkpoint and read back on resume, and the
   timings (`async/trainer_wait_seconds`: the trainer blocked on a rollout; `async/generator_idle_seconds`: a finished
   rollout waiting for the next launch).
-* `BehaviourSnapshot` is the copy of the weights the built-in generator samples from while the policy trains.
+* `BehaviourSnapshot` is the copy of the trained weights the built-in generator samples from while the policy
+  trains (frozen weights, e.g. a LoRA model's base, are shared).
 * `stamp_version` writes `policy_version` into every step's info; `check_version` asserts it on every trained row.
 """
 
@@ -241,34 +242,44 @@ class OneStepOff:
 class BehaviourSnapshot:
     """A copy of the policy's weights for the built-in generator to sample from while the policy trains.
 
-    Refused (one line) when it does not fit: the copy costs one more set of weights on the policy's device."""
+    Only what training changes is copied: the trainable parameters and the buffers. Frozen parameters (the base
+    weights under LoRA, quantized or not) are shared with the policy, since no update touches them; a LoRA policy's
+    snapshot costs its adapter. Refused (one line) when the copy does not fit on the policy's device."""
 
     def __init__(self, model: torch.nn.Module):
-        size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        copied = [*(p for p in model.parameters() if p.requires_grad), *model.buffers()]
+        size = sum(t.numel() * t.element_size() for t in copied)
         device = next(model.parameters()).device
         free = _free_memory(device)
         if free is not None and size > 0.9 * free:
             raise ValueError(
-                f"max_staleness=1 with the built-in generator keeps a copy of the weights to generate from "
+                f"max_staleness=1 with the built-in generator keeps a copy of the trained weights to generate from "
                 f"({size / 2**30:.2f} GiB), but {free / 2**30:.2f} GiB is free on {device}: generate with a vLLM "
                 "server (use_vllm=True, vllm_mode='server'), or set max_staleness=0"
             )
-        try:
-            self.model = copy.deepcopy(model)
-        except Exception as err:  # e.g. a quantized model
+        try:  # deepcopy's memo maps each frozen parameter to itself: shared, not copied
+            self.model = copy.deepcopy(model, memo={id(p): p for p in frozen})
+        except Exception as err:  # e.g. a module that cannot be copied
             raise ValueError(
                 f"max_staleness=1 with the built-in generator needs a copy of the weights, and this model cannot be "
                 f"copied ({type(err).__name__}: {err}): generate with a vLLM server (use_vllm=True, "
                 "vllm_mode='server'), or set max_staleness=0"
             ) from err
         self.model.eval()
-        self.model.requires_grad_(False)
+        self.model.requires_grad_(False)  # (the shared frozen parameters were frozen already)
         self.nbytes = size
+        self.shared = len(frozen)
 
     @torch.no_grad()
     def sync(self, model: torch.nn.Module) -> None:
-        """Copy the policy's current weights (nothing generates meanwhile)."""
+        """Copy the policy's current trained weights and buffers (nothing generates meanwhile)."""
         for mine, theirs in zip(self.model.parameters(), model.parameters(), strict=True):
+            if mine is theirs:
+                if theirs.requires_grad:
+                    raise RuntimeError("max_staleness=1: a parameter frozen when the behaviour snapshot was made now "
+                                       "trains, and the snapshot shares it; unfreeze before training starts")
+                continue
             mine.copy_(theirs)
         for mine, theirs in zip(self.model.buffers(), model.buffers(), strict=True):
             mine.copy_(theirs)
