@@ -76,6 +76,7 @@ def evaluate_policy(
     show_progress: bool = False,
     return_rollout: bool = False,
     rollout_schedule: str = "lockstep",
+    deterministic_sampling: bool | None = None,
 ) -> dict[str, Any]:
     """Run the policy on `tasks` (or on `num_tasks` tasks of the env's `split`) and summarise.
 
@@ -102,6 +103,9 @@ def evaluate_policy(
         rollout_schedule: `"lockstep"` or `"free"` (each episode advances alone: for environments whose steps are
             slow and vary; `RolloutEngine(schedule=)`, docs/async.md). With `"free"`, sampling takes one seed per
             request (from `seed`, 0 when None) if the generator supports it.
+        deterministic_sampling: Sample every request from its own seed, a hash of (`seed`, task, episode, turn)
+            (`RolloutEngine(deterministic_sampling=)`): an episode's draws do not depend on the requests it shares a
+            batch with. None: on under `"free"` when the generator supports it, off under `"lockstep"`.
 
     Returns:
         A flat dict: `env`, `split`, `num_tasks`, `num_episodes`, `greedy`, `temperature`, `num_samples`,
@@ -132,6 +136,7 @@ def evaluate_policy(
         system_prompt=system_prompt,
         on_turn=progress.update if progress else None,
         schedule=rollout_schedule,
+        deterministic_sampling=deterministic_sampling,
         seed=0 if seed is None else seed,
     )
     try:

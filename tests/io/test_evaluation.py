@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from trl_agents.cli import main
+from trl_agents.envs import get_env_class
 from trl_agents.evaluation import (
     EVAL_RESULT_FIELDS,
     eval_result_name,
@@ -60,6 +61,22 @@ def test_sampled_evaluation_reports_unbiased_pass_at_k(tokenizer, scripted):
     assert (result["pass_at_1"], result["pass_at_2"], result["pass_at_4"]) == (0.125, 0.25, 0.5)
     assert "pass_at_3" not in result  # reported k: powers of two and n (our choice)
     assert result["greedy"] is False and result["num_samples"] == 4 and result["env"] == "test-keyword"
+
+
+def test_deterministic_sampling_makes_a_sampled_evaluation_independent_of_its_batches(tiny_model, tokenizer):
+    # Every request samples from its own seed: the same episodes whatever the generation batch size (with torch's
+    # global generator, the draws of a row depend on the rows sampled with it).
+    settings = dict(tasks=get_env_class("frozenlake").task_split("eval", 6), max_turns=3, greedy=False,
+                    num_samples=2, seed=3, return_rollout=True, deterministic_sampling=True)
+
+    def actions(result):
+        return [[step.action_ids for step in t.steps] for t in result["rollout"].trajectories]
+
+    whole = evaluate_policy(tiny_model, tokenizer, "frozenlake", **settings)
+    in_threes = evaluate_policy(tiny_model, tokenizer, "frozenlake", batch_size=3, **settings)
+    assert actions(whole) == actions(in_threes) and len(actions(whole)) == 12
+    other_seed = evaluate_policy(tiny_model, tokenizer, "frozenlake", **{**settings, "seed": 4})
+    assert actions(other_seed) != actions(whole)
 
 
 def test_greedy_evaluation_has_no_pass_at_k(tokenizer, scripted):
