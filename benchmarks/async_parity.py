@@ -7,6 +7,14 @@ and lies within ±5 points, and the behaviour weight changes (truncates) under 5
 
     python benchmarks/async_parity.py                 # 5 seeds x 2 arms, 2 runs at a time
     python benchmarks/async_parity.py --report_only   # the table of the recorded runs
+    python benchmarks/async_parity.py --seeds 5 6 7 8 9 --arms grpo grpo_1off grpo_seeded   # more seeds
+    python benchmarks/async_parity.py --report_only --seeds 0 1 2 3 4                      # a subset of them
+    python benchmarks/async_parity.py --sampler_check --seeds 0   # the two samplers on seed 0's warm start
+
+`--sampler_check` asks whether the per-request seeded sampler (one-step-off's) and torch's sampler give the same
+held-out success to one policy, a seed's warm start, with no training in between: the control arm's gap should come
+from learning on other random numbers, not from the sampler. It writes benchmarks/results/async_parity_sampler.{json,md}
+(`--sampler_check --report_only`: the table of the recorded evaluations).
 
 Writes benchmarks/results/async_parity.{json,md}.
 """
@@ -107,9 +115,83 @@ def parity_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sampler_check(args) -> list[dict]:
+    """Held-out success of each seed's warm start, sampled at the run's temperature by torch's global generator
+    (GRPO's sampler) and with a seed per request (one-step-off's), `--sampler_repeats` times each with other random
+    numbers; `--sampler_samples` episodes per task. One row per evaluation, also written to
+    async_parity_sampler.json."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_agents.evaluation import evaluate_policy
+
+    torch.set_num_threads(args.threads)
+    config = yaml.safe_load(evidence.CONFIG.read_text())
+    settings = dict(env=config["env_name"], env_kwargs=config["env_kwargs"], split="eval",
+                    num_tasks=args.num_eval_tasks, max_turns=config["max_turns"],
+                    history_length=config["history_length"], system_prompt=config["system_prompt"],
+                    max_new_tokens=config["max_completion_length"], greedy=False,
+                    temperature=config["eval_temperature"], num_samples=args.sampler_samples)
+    rows = []
+    for seed in args.seeds or [0]:
+        warm = Path(args.output_root) / f"seed-{seed}" / "warm-start"
+        if not (warm / "config.json").exists():
+            raise SystemExit(f"no warm start at {warm}: run the parity sweep for seed {seed} first")
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(warm), AutoTokenizer.from_pretrained(warm)
+        for repeat in range(args.sampler_repeats):
+            for seeded in (False, True):
+                started = time.perf_counter()
+                result = evaluate_policy(model, tokenizer, seed=1000 + repeat, deterministic_sampling=seeded,
+                                         **settings)
+                rows.append({"seed": seed, "repeat": repeat, "sampler": "per-request seeds" if seeded else "torch",
+                             "success": result["success_rate"], "episodes": result["num_episodes"],
+                             "episode_length": result["episode_length"],
+                             "seconds": time.perf_counter() - started})
+                print(json.dumps(rows[-1]), flush=True)
+    atomic_write(str(RESULTS / "async_parity_sampler.json"), json.dumps({"settings": settings, "rows": rows},
+                                                                         indent=1))
+    return rows
+
+
+def sampler_report(rows: list[dict]) -> str:
+    """The sampler check's table: each warm start's success under each sampler, the differences with their
+    binomial standard errors, per warm start and pooled."""
+    lines = ["| warm start of seed | sampler | repeats | episodes | held-out success | episode length |",
+             "|---|---|---|---|---|---|"]
+    summary = []
+    for seed in [*sorted({r["seed"] for r in rows}), None]:  # each warm start, then all of them pooled
+        mine = [r for r in rows if seed is None or r["seed"] == seed]
+        (p, n), (q, m) = pooled_success(mine, "per-request seeds"), pooled_success(mine, "torch")
+        error = (p * (1 - p) / n + q * (1 - q) / m) ** 0.5
+        for sampler, (rate, episodes) in (("torch", (q, m)), ("per-request seeds", (p, n))):
+            if seed is not None:
+                lengths = [r["episode_length"] for r in mine if r["sampler"] == sampler]
+                lines.append(f"| {seed} | {sampler} | {len(lengths)} | {episodes:,} | {rate:.3f} | "
+                             f"{statistics.fmean(lengths):.2f} |")
+        summary.append(f"{'All warm starts' if seed is None else f'Seed {seed}'}: per-request seeds - torch = "
+                       f"{100 * (p - q):+.1f} points over {n:,} and {m:,} episodes (binomial standard error "
+                       f"{100 * error:.1f}).")
+    recorded = RESULTS / "async_parity.json"
+    gap = evidence.paired_differences(json.loads(recorded.read_text())["rows"], "grpo_seeded", "grpo", "success") \
+        if recorded.exists() else []
+    if gap:
+        summary.append(f"After RL, the control arm grpo_seeded - grpo was {100 * statistics.fmean(gap):+.1f} points "
+                       f"over {len(gap)} seeds.")
+    return "\n".join(lines) + "\n\n" + "\n".join(summary)
+
+
+def pooled_success(rows: list[dict], sampler: str) -> tuple[float, int]:
+    """(success rate, episodes) of `sampler` over `rows`."""
+    mine = [r for r in rows if r["sampler"] == sampler]
+    episodes = sum(r["episodes"] for r in mine)
+    return sum(r["success"] * r["episodes"] for r in mine) / episodes, episodes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="seeds to run (default 0-4); with --report_only, the seeds to report (default: all)")
     parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=list(ARMS))
     parser.add_argument("--generated_tokens", type=int, default=70_000)
     parser.add_argument("--max_steps", type=int, default=200)
@@ -119,9 +201,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output_root", default=str(ROOT / "outputs" / "bench-async-parity"))
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument("--sampler_check", action="store_true",
+                        help="no training: the two samplers on each seed's warm start (module docstring)")
+    parser.add_argument("--sampler_repeats", type=int, default=2)
+    parser.add_argument("--sampler_samples", type=int, default=4, help="episodes per held-out task")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    rows = (json.loads((RESULTS / "async_parity.json").read_text())["rows"] if args.report_only else sweep(args))
+    if args.sampler_check:
+        if args.report_only:
+            recorded = json.loads((RESULTS / "async_parity_sampler.json").read_text())
+            rows, settings = recorded["rows"], recorded["settings"]
+        else:
+            rows, settings = sampler_check(args), {"num_tasks": args.num_eval_tasks,
+                                                   "num_samples": args.sampler_samples}
+        text = (f"# The two samplers on a warm start (no training)\n\nWritten by `python benchmarks/async_parity.py "
+                f"--sampler_check` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {settings['num_tasks']} "
+                f"held-out corridors x {settings['num_samples']} episodes per repeat and sampler.\n\n"
+                f"{sampler_report(rows)}\n")
+        atomic_write(str(RESULTS / "async_parity_sampler.md"), text)
+        print(text)
+        return
+    if args.report_only:
+        rows = json.loads((RESULTS / "async_parity.json").read_text())["rows"]
+        rows = [row for row in rows if args.seeds is None or row["seed"] in args.seeds]
+    else:
+        args.seeds = [0, 1, 2, 3, 4] if args.seeds is None else args.seeds
+        rows = sweep(args)
     table = report(rows)
     settings = {k: getattr(args, k) for k in ("generated_tokens", "max_steps", "num_eval_tasks")}
     how = ("a report of the recorded runs (`--report_only`; each run's wall time is in the json)" if args.report_only

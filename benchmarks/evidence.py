@@ -416,9 +416,23 @@ def report(rows: list[dict], args) -> str:
         READING,
     ])
     append_results(RESULTS / "evidence.md", section)
-    (ROOT / "docs" / "results.md").write_text(DOCS_PAGE.format(section=section, command=COMMAND))
+    page = ROOT / "docs" / "results.md"
+    page.write_text(with_other_sections(DOCS_PAGE.format(section=section, command=COMMAND),
+                                        page.read_text() if page.exists() else ""))
     print(section)
     return section
+
+
+def with_other_sections(page: str, previous: str) -> str:
+    """`page` with the `## ` sections of `previous` that it does not have (other benchmarks' results on the same
+    page, e.g. benchmarks/async_parity.py's one-step-off parity) put back before its `## Curves`, in their order."""
+    def sections(text: str) -> dict[str, str]:
+        parts = text.split("\n## ")
+        return {part.split("\n", 1)[0]: "## " + part.rstrip("\n") + "\n\n" for part in parts[1:]}
+
+    ours = sections(page)
+    kept = "".join(body for heading, body in sections(previous).items() if heading not in ours)
+    return page.replace("\n## Curves\n", "\n" + kept + "## Curves\n", 1) if kept else page
 
 
 # What the numbers allow to say, written after reading them (kept here so that a re-run rewrites the same text;

@@ -104,3 +104,14 @@ def test_results_go_under_the_predictions_which_stay_byte_identical(tmp_path):
     evidence.append_results(path, "\nsecond results\n")  # a re-run replaces the results, never the predictions
     assert path.read_text() == predictions + "\n## Results\n\nsecond results\n"
     assert path.read_text().startswith(predictions)
+
+
+def test_rewriting_the_results_page_keeps_the_sections_other_benchmarks_wrote():
+    page = "# Results\n\nintro\n\n### Verdicts\n\nnew table\n\n## Curves\n\nimages\n"
+    previous = ("# Results\n\nintro\n\n### Verdicts\n\nold table\n\n## One-step-off: learning parity\n\nparity rows\n\n"
+                "## Another benchmark\n\nits rows\n\n## Curves\n\nimages\n")
+    assert evidence.with_other_sections(page, previous) == (
+        "# Results\n\nintro\n\n### Verdicts\n\nnew table\n\n## One-step-off: learning parity\n\nparity rows\n\n"
+        "## Another benchmark\n\nits rows\n\n## Curves\n\nimages\n")
+    assert evidence.with_other_sections(page, "") == page
+    assert evidence.with_other_sections(previous, previous) == previous  # nothing kept twice
