@@ -115,11 +115,11 @@ def parity_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def sampler_check(args) -> list[dict]:
+def sampler_check(args) -> tuple[list[dict], dict]:
     """Held-out success of each seed's warm start, sampled at the run's temperature by torch's global generator
     (GRPO's sampler) and with a seed per request (one-step-off's), `--sampler_repeats` times each with other random
-    numbers; `--sampler_samples` episodes per task. One row per evaluation, also written to
-    async_parity_sampler.json."""
+    numbers; `--sampler_samples` episodes per task. (One row per evaluation, the evaluation settings), also written
+    to async_parity_sampler.json."""
     import torch
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -151,7 +151,7 @@ def sampler_check(args) -> list[dict]:
                 print(json.dumps(rows[-1]), flush=True)
     atomic_write(str(RESULTS / "async_parity_sampler.json"), json.dumps({"settings": settings, "rows": rows},
                                                                          indent=1))
-    return rows
+    return rows, settings
 
 
 def sampler_report(rows: list[dict]) -> str:
@@ -212,8 +212,7 @@ def main() -> None:
             recorded = json.loads((RESULTS / "async_parity_sampler.json").read_text())
             rows, settings = recorded["rows"], recorded["settings"]
         else:
-            rows, settings = sampler_check(args), {"num_tasks": args.num_eval_tasks,
-                                                   "num_samples": args.sampler_samples}
+            rows, settings = sampler_check(args)
         text = (f"# The two samplers on a warm start (no training)\n\nWritten by `python benchmarks/async_parity.py "
                 f"--sampler_check` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {settings['num_tasks']} "
                 f"held-out corridors x {settings['num_samples']} episodes per repeat and sampler.\n\n"

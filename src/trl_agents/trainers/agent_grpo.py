@@ -661,8 +661,7 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
             # The same total `_log_rollout` will compare with the budget once `batch` is scored (over processes).
             local = torch.tensor([batch.stats.get("generated_tokens", 0.0)], dtype=torch.float64,
                                  device=self.accelerator.device)
-            spent = self.rollout_totals["generated_tokens"] + self.accelerator.reduce(local, reduction="sum").item()
-            if spent >= args.max_generated_tokens:
+            if self._token_budget_spent(self.accelerator.reduce(local, reduction="sum").item()):
                 return
         if self._behaviour_snapshot is not None:
             if self._behaviour_version != step:
@@ -674,6 +673,12 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         count = (position % args.gradient_accumulation_steps) // generate_every  # rollouts at next_step before it
         tasks = tasks_of(upcoming, num_generations)
         self.one_step_off.launch(tasks, tasks_key(tasks), step, f"train:{next_step}:{count}", idle_since)
+
+    def _token_budget_spent(self, pending: float = 0.0) -> bool:
+        """Whether the training rollouts' generated tokens (summed over processes), plus `pending` not yet counted,
+        reach `max_generated_tokens` (never without a budget)."""
+        budget = self.args.max_generated_tokens
+        return budget is not None and self.rollout_totals["generated_tokens"] + pending >= budget
 
     def _score_rollout(self, batch: RolloutBatch, mode: str) -> dict[str, Any]:
         """Stages 2 to 8 on a finished rollout: signals, credit, rows, the padded batch with its old and reference
@@ -1020,7 +1025,8 @@ class AgentGRPOTrainer(ProcessMetrics, GRPOTrainer):
         self, batch: RolloutBatch, healthy: list[Group], step_advantages: dict, rows: TrainingRows, mode: str
     ) -> None:
         """Rollout and credit metrics (reduced over processes: `training.metrics`), the running totals of the
-        training rollouts (and the stop at `max_generated_tokens`), and one completions-table entry per episode."""
+        training rollouts (which `GeneratedTokenBudget` compares with `max_generated_tokens` at the step's end), and one
+        completions-table entry per episode."""
         local, maxima, returns, tokens = rollout_stats(batch, healthy, step_advantages, rows, self.args.max_turns)
         values, largest, reward, tokens = reduce_rollout_stats(local, maxima, returns, tokens, self.accelerator)
         for name, value in {**values, **largest, **reward}.items():
@@ -1058,7 +1064,7 @@ class GeneratedTokenBudget(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.trainer.rollout_totals["generated_tokens"] >= args.max_generated_tokens:
+        if self.trainer._token_budget_spent():
             control.should_training_stop = True
 
 
